@@ -1,0 +1,32 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Everything else is set up on the way.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: setup model test demo lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+	$(PY) -c "import torch, transformers, celery, s3fs, triton; assert torch.__version__.startswith('2.13.0')"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+model: setup
+	$(PY) -m engine.model_registry smollm2-135m-instruct
+
+test: model
+	$(PY) -m pytest -q -ra tests
+
+demo: model
+	$(VENV)/bin/tokenmill run examples/demo/summarize.toml
+
+lint: setup
+	$(VENV)/bin/ruff check engine connectors pipeline jobs tests bench
+
+bench: model
+	$(PY) bench/bench_engine.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache demo-output

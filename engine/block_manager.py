@@ -1,0 +1,194 @@
+"""Paged KV-cache bookkeeping: block ids, reference counts, prefix hashes, LRU reuse.
+
+Plain Python over ids, hashes and counts, so it is testable without torch. The
+tensors that hold the keys and values live in ``kv_cache.py``; a block id here is an
+index into them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence as Seq
+
+from engine.sequence import Sequence
+
+ALLOCATION_POLICIES = ("paged", "contiguous")
+
+
+def hash_block(parent: bytes | None, token_ids: Seq[int]) -> bytes:
+    """Chain hash of one full block: the parent's hash and this block's tokens.
+
+    A 128-bit BLAKE2b digest makes a collision between two different prefixes
+    practically impossible, so a hit needs no token-by-token recheck.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    h.update(parent or b"\0" * 16)
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
+
+
+class NoFreeBlocksError(RuntimeError):
+    pass
+
+
+class BlockManager:
+    """Owns every KV block of the pool.
+
+    * A block with ``ref_count > 0`` belongs to one or more running sequences.
+    * A block with ``ref_count == 0`` sits in ``free_queue``; if it still carries a hash
+      it can be revived by a later request with the same prefix until it is evicted.
+    * Eviction takes the front of ``free_queue`` (least recently freed first). Blocks
+      without a hash are put at the front, since nobody can reuse them.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        enable_prefix_caching: bool = True,
+        allocation: str = "paged",
+    ) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        if allocation not in ALLOCATION_POLICIES:
+            raise ValueError(f"kv_allocation must be one of {ALLOCATION_POLICIES}, got {allocation!r}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.allocation = allocation
+        self.ref_counts = [0] * num_blocks
+        self.block_hashes: list[bytes | None] = [None] * num_blocks
+        self.hash_to_block: dict[bytes, int] = {}
+        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+
+    # ---- queries -------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_queue)
+
+    def blocks_for_tokens(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _target_blocks(self, seq: Sequence, num_tokens: int) -> int:
+        """Blocks the sequence must own once ``num_tokens`` tokens are in the cache."""
+        if self.allocation == "contiguous":
+            return max(self.blocks_for_tokens(seq.max_total_tokens), self.blocks_for_tokens(num_tokens))
+        return self.blocks_for_tokens(num_tokens)
+
+    # ---- prefix cache --------------------------------------------------------------
+    def _ensure_hashes(self, seq: Sequence, num_full_blocks: int) -> None:
+        bs = self.block_size
+        hashes = seq.block_hashes
+        while len(hashes) < num_full_blocks:
+            i = len(hashes)
+            hashes.append(hash_block(hashes[-1] if hashes else None, seq.token_ids[i * bs : (i + 1) * bs]))
+
+    def find_cached_prefix(self, seq: Sequence) -> list[int]:
+        """Block ids holding the longest cached prefix of ``seq``.
+
+        At most ``num_tokens - 1`` tokens can hit: the last token is always recomputed
+        because its logits are needed to sample the next one.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        self._ensure_hashes(seq, max_blocks)
+        hits: list[int] = []
+        for h in seq.block_hashes[:max_blocks]:
+            block = self.hash_to_block.get(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def _register(self, seq: Sequence, num_tokens: int) -> None:
+        """Publish the sequence's full blocks covering ``num_tokens`` tokens in the prefix cache.
+
+        Called when the tokens are scheduled, before the forward pass: a request admitted
+        later in the same step may map these blocks, which is safe because every layer
+        writes all of a step's keys and values before any attention reads them.
+        """
+        if not self.enable_prefix_caching:
+            return
+        num_full = min(num_tokens, seq.num_tokens) // self.block_size
+        self._ensure_hashes(seq, num_full)
+        for i in range(num_full):
+            block = seq.block_table[i]
+            if self.block_hashes[block] is not None:
+                continue
+            h = seq.block_hashes[i]
+            if h in self.hash_to_block:
+                continue  # an identical block already serves this prefix
+            self.block_hashes[block] = h
+            self.hash_to_block[h] = block
+
+    def forget_blocks(self, block_ids: Seq[int]) -> None:
+        """Drop the prefix-cache entries of blocks whose contents can no longer be trusted."""
+        for block in block_ids:
+            h = self.block_hashes[block]
+            if h is not None:
+                self.block_hashes[block] = None
+                if self.hash_to_block.get(h) == block:
+                    del self.hash_to_block[h]
+
+    # ---- allocation ----------------------------------------------------------------
+    def _pop_free_block(self) -> int:
+        block, _ = self.free_queue.popitem(last=False)
+        self.forget_blocks((block,))
+        self.ref_counts[block] = 1
+        return block
+
+    def can_admit(self, seq: Sequence, cached_blocks: Seq[int], num_new_tokens: int) -> bool:
+        reviving = sum(1 for b in cached_blocks if self.ref_counts[b] == 0)
+        need = self._target_blocks(seq, len(cached_blocks) * self.block_size + num_new_tokens) - len(cached_blocks)
+        return need <= self.num_free_blocks - reviving
+
+    def admit(self, seq: Sequence, cached_blocks: Seq[int], num_new_tokens: int) -> bool:
+        """Give a waiting sequence its cached prefix blocks plus room for ``num_new_tokens``."""
+        if seq.block_table:
+            raise RuntimeError(f"request {seq.request_id}: admitted while still holding blocks")
+        if not self.can_admit(seq, cached_blocks, num_new_tokens):
+            return False
+        for block in cached_blocks:
+            if self.ref_counts[block] == 0:
+                del self.free_queue[block]
+            self.ref_counts[block] += 1
+        seq.block_table = list(cached_blocks)
+        seq.num_computed_tokens = len(cached_blocks) * self.block_size
+        allocated = self.allocate_slots(seq, num_new_tokens)
+        assert allocated
+        return True
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Make room for the next ``num_new_tokens`` tokens; False if the pool is too full."""
+        total = seq.num_computed_tokens + num_new_tokens
+        need = self._target_blocks(seq, total) - len(seq.block_table)
+        if need > self.num_free_blocks:
+            return False
+        for _ in range(need):
+            seq.block_table.append(self._pop_free_block())
+        self._register(seq, total)
+        return True
+
+    def free(self, seq: Sequence) -> None:
+        """Release a sequence's blocks, tail first so the tail is evicted before the shared head."""
+        for block in reversed(seq.block_table):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free_queue[block] = None
+                if self.block_hashes[block] is None:
+                    self.free_queue.move_to_end(block, last=False)
+        seq.block_table = []
+
+    def reset_prefix_cache(self) -> None:
+        self.forget_blocks(range(self.num_blocks))
+
+    def unfilled_slots(self, seq: Sequence) -> int:
+        """Token slots the sequence holds that carry no token yet (tail block, reservations)."""
+        return len(seq.block_table) * self.block_size - seq.num_computed_tokens

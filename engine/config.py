@@ -1,0 +1,52 @@
+"""Engine settings, checked once at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class EngineConfig:
+    model: str = "smollm2-135m-instruct"
+    dtype: str = "float32"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    attention_backend: str = "auto"  # auto | torch | triton
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    num_kv_blocks: int | None = None  # None: size the pool from memory
+    kv_cache_memory_gb: float = 2.0  # CPU budget for the KV pool when num_kv_blocks is None
+    gpu_memory_utilization: float = 0.90
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    scheduling: str = "continuous"  # continuous | static
+    kv_allocation: str = "paged"  # paged | contiguous
+    num_threads: int | None = None  # torch intra-op threads on CPU; None: one per core
+    enforce_eager: bool = False  # CUDA: skip CUDA graphs for decode
+    compile: bool = False  # torch.compile the model
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype == "auto":
+            self.dtype = "float32"
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def resolved_device(self) -> str:
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device

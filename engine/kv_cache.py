@@ -1,0 +1,36 @@
+"""The block pool tensors and how many blocks fit in memory."""
+
+from __future__ import annotations
+
+import torch
+
+
+def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Keys and values of every layer for one block of tokens."""
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def blocks_from_budget(budget_bytes: float, per_block: int) -> int:
+    return max(1, int(budget_bytes // per_block))
+
+
+def blocks_from_cuda_memory(device: torch.device, utilization: float, peak_bytes: int, per_block: int) -> int:
+    """vLLM-style sizing: what is left of ``utilization`` of the device after the weights
+    and the activation peak of a profiling step at the full token budget."""
+    free, total = torch.cuda.mem_get_info(device)
+    used_by_others = total - free - torch.cuda.memory_allocated(device)
+    available = total * utilization - used_by_others - peak_bytes
+    if available < per_block:
+        raise RuntimeError(
+            f"no room for the KV cache on {device}: {total / 2**30:.1f} GiB total, "
+            f"{peak_bytes / 2**30:.2f} GiB needed by weights and activations at utilization {utilization}"
+        )
+    return int(available // per_block)
+
+
+def allocate_kv_pool(
+    num_layers: int, layer_shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device,
+) -> torch.Tensor:
+    """``[2, layers, *layer_shape]`` (the backend's per-layer layout), zeroed: padded reads of
+    never-written slots meet a zero probability, and 0 * NaN garbage would poison the sum."""
+    return torch.zeros(2, num_layers, *layer_shape, dtype=dtype, device=device)

@@ -1,0 +1,67 @@
+"""The offline API: hand over all prompts, get all outputs back in input order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine, RequestError
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+Params = SamplingParams | dict[str, Any]
+
+
+class LLM:
+    """``LLM(model=..., **engine settings)``; see ``EngineConfig`` for the settings."""
+
+    def __init__(self, model: str = "smollm2-135m-instruct", **kwargs: Any) -> None:
+        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self._next_id = 0
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Seq[Prompt],
+        sampling_params: Params | Seq[Params] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Outputs in input order. A request that cannot run comes back with ``error`` set
+        and ``finish_reason == "error"``; the others still complete."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        if sampling_params is None or isinstance(sampling_params, SamplingParams | dict):
+            params_list: list[Params | None] = [sampling_params] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} sampling params")
+        ids = []
+        results: dict[str, RequestOutput] = {}
+        for prompt, params in zip(prompts, params_list, strict=True):
+            rid = str(self._next_id)
+            self._next_id += 1
+            ids.append(rid)
+            try:
+                self.engine.add_request(rid, prompt, params)
+            except RequestError as e:
+                prompt_ids = list(prompt) if not isinstance(prompt, str) else []
+                results[rid] = RequestOutput(rid, prompt_ids, [], "", True, "error", error=str(e))
+        bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
+        bar.update(len(results))
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                results[out.request_id] = out
+                bar.update(1)
+        bar.close()
+        return [results[rid] for rid in ids]
+
+    def stats(self) -> dict[str, Any]:
+        return self.engine.stats()

@@ -1,0 +1,150 @@
+"""Decides, every step, which sequences run and how many of their tokens.
+
+There is no prefill phase and no decode phase: each running sequence asks for the
+tokens it has not computed yet (a whole prompt, a chunk of it, or one decode token),
+running sequences are served first, and what is left of the token budget admits
+waiting ones, chunking the last prompt that does not fit.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.sequence import Sequence, SequenceStatus
+
+SCHEDULING_POLICIES = ("continuous", "static")
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work: ``(sequence, number of new tokens)`` in batch order."""
+
+    step: int
+    items: list[tuple[Sequence, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.items)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 2048,
+        policy: str = "continuous",
+    ) -> None:
+        if policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling must be one of {SCHEDULING_POLICIES}, got {policy!r}")
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.policy = policy
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.step_count = 0
+        self.num_preemptions = 0
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
+        self._cohort_slots = 0  # static policy: admissions left in the current cohort
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        self.step_count += 1
+        batch = ScheduledBatch(step=self.step_count)
+        budget = self.max_num_batched_tokens
+        bm = self.block_manager
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if num_new == 0:
+                i += 1
+                continue
+            while not bm.allocate_slots(seq, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                batch.items.append((seq, num_new))
+                budget -= num_new
+                i += 1
+
+        if batch.preempted:
+            return batch
+        if self.policy == "static" and not self.running and self._cohort_slots == 0:
+            self._cohort_slots = min(self.max_num_seqs, len(self.waiting))
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            if self.policy == "static" and self._cohort_slots == 0:
+                break
+            seq = self.waiting[0]
+            cached = bm.find_cached_prefix(seq)
+            num_new = min(seq.num_tokens - len(cached) * bm.block_size, budget)
+            if not bm.admit(seq, cached, num_new):
+                break
+            self.waiting.popleft()
+            self.prefix_query_tokens += seq.num_tokens
+            self.prefix_hit_tokens += len(cached) * bm.block_size
+            if seq.num_preemptions == 0:
+                seq.num_cached_prompt_tokens = len(cached) * bm.block_size
+            seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled_step is None:
+                seq.first_scheduled_step = self.step_count
+            self.running.append(seq)
+            batch.items.append((seq, num_new))
+            budget -= num_new
+            if self.policy == "static":
+                self._cohort_slots -= 1
+        return batch
+
+    def preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._preempt(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute-style preemption: drop the KV, keep the tokens, queue at the front."""
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = SequenceStatus.PREEMPTED
+        self.num_preemptions += 1
+        if self.policy == "static":
+            self._cohort_slots += 1
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.finished_step = self.step_count
+        self.block_manager.free(seq)
+        self.running.remove(seq)
+
+    def abort(self, seq: Sequence, reason: str = "abort") -> None:
+        """Remove a sequence wherever it is (waiting or running)."""
+        if seq in self.running:
+            self.finish(seq, reason)
+        else:
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+            self.block_manager.free(seq)
+            seq.status = SequenceStatus.FINISHED
+            seq.finish_reason = reason
+            seq.finished_step = self.step_count

@@ -1,0 +1,62 @@
+"""Counters a user reads after a run: KV use and waste, prefix hits, preemptions, steps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.block_manager import BlockManager
+from engine.scheduler import ScheduledBatch, Scheduler
+
+
+@dataclass
+class EngineStats:
+    num_blocks: int
+    block_size: int
+    peak_used_blocks: int = 0
+    kv_waste_at_peak: float = 0.0
+    peak_running_seqs: int = 0
+    prompt_tokens_computed: int = 0
+    decode_tokens: int = 0
+    steps: int = 0
+    running_seq_steps: int = 0  # sum over steps of running sequences, for the mean
+    kv_used_history: list[int] = field(default_factory=list)
+
+    def on_schedule(self, batch: ScheduledBatch, scheduler: Scheduler) -> None:
+        if not batch:
+            return
+        self.steps += 1
+        running = len(scheduler.running)
+        self.running_seq_steps += running
+        self.peak_running_seqs = max(self.peak_running_seqs, running)
+        for seq, n in batch.items:
+            prompt_left = seq.num_prompt_tokens - seq.num_computed_tokens
+            if seq.num_preemptions:
+                prompt_left = seq.num_tokens - 1 - seq.num_computed_tokens  # recompute of outputs counts too
+            self.prompt_tokens_computed += max(0, min(n, prompt_left))
+
+    def on_computed(self, batch: ScheduledBatch, scheduler: Scheduler, bm: BlockManager) -> None:
+        used = bm.num_used_blocks
+        self.kv_used_history.append(used)
+        if used > self.peak_used_blocks:
+            self.peak_used_blocks = used
+            unfilled = sum(bm.unfilled_slots(s) for s in scheduler.running)
+            self.kv_waste_at_peak = unfilled / (used * self.block_size) if used else 0.0
+
+    def as_dict(self, scheduler: Scheduler, bm: BlockManager) -> dict[str, Any]:
+        return {
+            "kv_blocks_total": self.num_blocks,
+            "kv_block_size": self.block_size,
+            "kv_blocks_peak_used": self.peak_used_blocks,
+            "kv_blocks_used_now": bm.num_used_blocks,
+            "kv_peak_usage": self.peak_used_blocks / self.num_blocks,
+            "kv_waste_at_peak": self.kv_waste_at_peak,
+            "peak_running_seqs": self.peak_running_seqs,
+            "mean_running_seqs": self.running_seq_steps / self.steps if self.steps else 0.0,
+            "prefix_cache_query_tokens": scheduler.prefix_query_tokens,
+            "prefix_cache_hit_tokens": scheduler.prefix_hit_tokens,
+            "prompt_tokens_computed": self.prompt_tokens_computed,
+            "decode_tokens": self.decode_tokens,
+            "preemptions": scheduler.num_preemptions,
+            "steps": self.steps,
+        }

@@ -1,0 +1,19 @@
+"""Job kinds: how a spec of each kind becomes the kind-specific parts of a JobPlan.
+
+Each kind module offers ``check(spec)`` (cross-field rules, raising ValueError whose
+message starts with the offending field's path) and ``plan_fields(spec)`` (JobPlan
+keyword arguments: prompt, hooks, extra columns, ...).
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+KIND_NAMES = ("summarize", "evaluate", "generate", "openai_batch")
+
+
+def kind_module(kind: str) -> ModuleType:
+    if kind not in KIND_NAMES:
+        raise ValueError(f"unknown job kind {kind!r}: expected one of {', '.join(KIND_NAMES)}")
+    return importlib.import_module(f"jobs.kinds.{kind}")

@@ -1,0 +1,36 @@
+"""Kind ``generate``: free-form prompts, one column holding each row's whole user turn.
+
+No template: a column of prompts is sent as written (braces and all), so prompts that
+contain code or JSON need no escaping.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from jobs.kinds.base import few_shot_turns
+from pipeline.plan import PromptPlan
+
+if TYPE_CHECKING:
+    from jobs.spec import JobSpec
+
+
+def check(spec: JobSpec) -> None:
+    if spec.prompt.template is not None:
+        raise ValueError(
+            "prompt.template: kind 'generate' sends prompt.prompt_field as written; "
+            "use kind 'summarize' for a template"
+        )
+
+
+def prompt_field(spec: JobSpec) -> str:
+    return spec.prompt.prompt_field or spec.input.text_field
+
+
+def plan_fields(spec: JobSpec) -> dict[str, Any]:
+    field = prompt_field(spec)
+    return {
+        # the prompt column is also the checked text column: a row with an empty prompt is an error row
+        "text_field": field,
+        "prompt": PromptPlan(system=spec.prompt.system or "", prompt_field=field, few_shot=few_shot_turns(spec)),
+    }

@@ -1,0 +1,45 @@
+"""Kind ``openai_batch``: an OpenAI Batch API input file in, batch output lines out.
+
+The request file is converted into plain rows first (see ``jobs.openai_requests``): the
+custom_id becomes the row id and each row carries its own messages.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from jobs.kinds.base import few_shot_turns
+from jobs.openai_requests import convert_requests
+from jobs.secrets import reveal
+from pipeline.plan import PromptPlan
+
+if TYPE_CHECKING:
+    from jobs.spec import JobSpec
+
+
+def check(spec: JobSpec) -> None:
+    for name in ("template", "prompt_field"):
+        if getattr(spec.prompt, name) is not None:
+            raise ValueError(f"prompt.{name}: not used by kind 'openai_batch' (each request carries its messages)")
+    for name in ("id_field", "text_field", "passthrough"):
+        if name in spec.input.model_fields_set:
+            raise ValueError(f"input.{name}: not used by kind 'openai_batch' (custom_id is the row id)")
+
+
+def plan_fields(spec: JobSpec) -> dict[str, Any]:
+    """Converts the request file (I/O) and takes sampling settings shared by every request."""
+    sampling = spec.sampling.model_dump()
+    converted = convert_requests(
+        spec.input.full_url, spec.output.url, reveal(spec.input.storage_options),
+        default_max_tokens=spec.sampling.max_tokens,
+    )
+    sampling.update(converted.sampling)
+    return {
+        "input_url": converted.url,
+        "input_format": "jsonl",
+        "id_field": "custom_id",
+        "text_field": "text",
+        "sampling": sampling,
+        "prompt": PromptPlan(system=spec.prompt.system or "", messages_field="messages",
+                             few_shot=few_shot_turns(spec)),
+    }

@@ -1,0 +1,214 @@
+"""OpenAI Batch API request files (``{custom_id, method, url, body}`` lines) as plain job rows.
+
+The record readers want a non-empty text column, and a request keeps its chat in
+``body.messages``; so each request file becomes a JSONL shard of rows
+``{"custom_id", "text" (the last user turn), "messages"}`` written under the output's
+``_requests/`` folder, which the plan then reads. Like the OpenAI API, the whole file is
+validated up front: a malformed request fails the job with the line numbers, before any
+generation. A converted shard is rewritten only when its content changes, so its
+fingerprint (and the parts already written from it) survive a re-run.
+
+Sampling: the engine runs one SamplingParams per job. A setting every request gives
+the same value (``max_tokens``, ``temperature``, ...) is used for all; where requests
+disagree, ``max_tokens`` takes the largest and the others fall back to the spec's
+``[sampling]``, with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from connectors import filesystem_for, join_url, list_shards, with_retries, write_text
+
+log = logging.getLogger(__name__)
+
+REQUESTS_DIR = "_requests"
+CHAT_URLS = ("/v1/chat/completions", "/chat/completions")
+MAX_REPORTED_ERRORS = 10
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "stop")
+# Body keys that change nothing here and are accepted silently.
+_IGNORED = {"model", "user", "metadata", "store", "n", "stream", "service_tier"}
+
+
+class OpenAIBatchError(ValueError):
+    """The request file is not a valid chat-completions batch; the message lists the bad lines."""
+
+
+@dataclass
+class Conversion:
+    url: str  # the converted shards, for JobPlan.input_url
+    requests: int
+    sampling: dict[str, Any]  # settings shared by every request
+    warnings: list[str] = field(default_factory=list)
+
+
+def _content_text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"{where}: only text content parts are supported")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    if content is None:
+        return ""
+    raise ValueError(f"{where}: content must be a string or a list of text parts")
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("body.messages must be a non-empty list")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in _ROLES:
+            raise ValueError(f"body.messages[{i}]: role must be one of {', '.join(_ROLES)}")
+        out.append({"role": _ROLES[m["role"]], "content": _content_text(m.get("content"), f"body.messages[{i}]")})
+    return out
+
+
+def _sampling(body: dict[str, Any]) -> dict[str, Any]:
+    if body.get("n", 1) != 1:
+        raise ValueError("body.n: only one choice per request is supported")
+    if body.get("stream"):
+        raise ValueError("body.stream: streaming is not available in a batch")
+    values = {}
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"body.max_tokens must be a positive integer, got {max_tokens!r}")
+        values["max_tokens"] = max_tokens
+    for key in ("temperature", "top_p", "seed"):
+        if body.get(key) is not None:
+            values[key] = body[key]
+    if body.get("stop") is not None:
+        stop = body["stop"]
+        values["stop"] = [stop] if isinstance(stop, str) else list(stop)
+    return values
+
+
+def parse_request(line: str) -> tuple[str, dict[str, Any], dict[str, Any], set[str]]:
+    """(custom_id, row, sampling values, ignored body keys) for one request line."""
+    try:
+        request = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc.msg}") from None
+    if not isinstance(request, dict):
+        raise ValueError("a request must be a JSON object")
+    custom_id = request.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise ValueError("custom_id must be a non-empty string")
+    if str(request.get("method", "")).upper() != "POST":
+        raise ValueError(f"method must be POST, got {request.get('method')!r}")
+    if request.get("url") not in CHAT_URLS:
+        raise ValueError(f"url must be /v1/chat/completions, got {request.get('url')!r}")
+    body = request.get("body")
+    if not isinstance(body, dict):
+        raise ValueError("body must be a JSON object")
+    messages = _messages(body)
+    user_turns = [m["content"] for m in messages if m["role"] == "user"]
+    row = {"custom_id": custom_id, "text": user_turns[-1] if user_turns else "", "messages": messages}
+    ignored = set(body) - {"messages", "max_completion_tokens", *_SAMPLING_KEYS, *_IGNORED}
+    return custom_id, row, _sampling(body), ignored
+
+
+def _read_lines(url: str, compression: str | None, storage_options: dict[str, Any]) -> list[str]:
+    fs, path = filesystem_for(url, storage_options)
+
+    def read() -> bytes:
+        with fs.open(path, "rb", compression=compression) as f:
+            return f.read()
+
+    return with_retries(read, what=f"read {url}").decode("utf-8-sig").splitlines()
+
+
+def _write_if_changed(url: str, text: str, storage_options: dict[str, Any]) -> None:
+    fs, path = filesystem_for(url, storage_options)
+    try:
+        with fs.open(path, "rb") as f:
+            if f.read() == text.encode("utf-8"):
+                return
+    except FileNotFoundError:
+        pass
+    write_text(url, text, storage_options)
+
+
+def _remove_stale(target: str, keep: set[str], storage_options: dict[str, Any]) -> None:
+    """Converted shards of request files that no longer exist would be read as input."""
+    fs, path = filesystem_for(target, storage_options)
+    fs.invalidate_cache()
+    keep_paths = {filesystem_for(url, storage_options)[1] for url in keep}
+    for old in with_retries(lambda: fs.glob(path.rstrip("/") + "/requests-*.jsonl"), what=f"list {target}"):
+        if old not in keep_paths:
+            fs.rm_file(old)
+
+
+def _shared_sampling(seen: list[dict[str, Any]], default_max_tokens: int) -> tuple[dict[str, Any], list[str]]:
+    shared: dict[str, Any] = {}
+    warnings = []
+    for key in _SAMPLING_KEYS:
+        values = {json.dumps(s.get(key), sort_keys=True) for s in seen}
+        if len(values) == 1:
+            value = json.loads(values.pop())
+            if value is not None:
+                shared[key] = value
+        elif key == "max_tokens":
+            shared[key] = max(s.get(key) or default_max_tokens for s in seen)
+            warnings.append(f"requests ask for different max_tokens; every request may generate up to {shared[key]}")
+        else:
+            warnings.append(f"requests set different {key} values; using the spec's [sampling] {key} for all")
+    return shared, warnings
+
+
+def convert_requests(
+    input_url: str, output_url: str, storage_options: dict[str, Any] | None = None, *, default_max_tokens: int = 128
+) -> Conversion:
+    """Validate every request file under ``input_url`` and write the rows under ``output_url``."""
+    storage_options = storage_options or {}
+    shards = list_shards(input_url, format="jsonl", storage_options=storage_options)
+    target = join_url(output_url, REQUESTS_DIR)
+    errors: list[str] = []
+    ids: dict[str, str] = {}
+    seen: list[dict[str, Any]] = []
+    ignored: set[str] = set()
+    converted: list[tuple[str, str]] = []
+    for shard in shards:
+        rows = []
+        for n, line in enumerate(_read_lines(shard.url, shard.compression, storage_options), 1):
+            if not line.strip():
+                continue
+            where = f"{shard.basename} line {n}"
+            try:
+                custom_id, row, sampling, extra = parse_request(line)
+                if custom_id in ids:
+                    raise ValueError(f"custom_id {custom_id!r} repeats {ids[custom_id]}")
+            except ValueError as exc:
+                errors.append(f"{where}: {exc}")
+                continue
+            ids[custom_id] = where
+            rows.append(json.dumps(row, ensure_ascii=False))
+            seen.append(sampling)
+            ignored |= extra
+        converted.append((join_url(target, f"requests-{shard.index:05d}.jsonl"), "".join(r + "\n" for r in rows)))
+    if errors:
+        shown = "\n  ".join(errors[:MAX_REPORTED_ERRORS])
+        more = f"\n  ... and {len(errors) - MAX_REPORTED_ERRORS} more" if len(errors) > MAX_REPORTED_ERRORS else ""
+        raise OpenAIBatchError(f"{len(errors)} invalid request(s) in {input_url}:\n  {shown}{more}")
+    if not seen:
+        raise OpenAIBatchError(f"no requests in {input_url}")
+    for url, text in converted:
+        if text:
+            _write_if_changed(url, text, storage_options)
+    _remove_stale(target, {url for url, text in converted if text}, storage_options)
+    shared, warnings = _shared_sampling(seen, default_max_tokens)
+    if ignored:
+        warnings.append(f"request body fields ignored: {', '.join(sorted(ignored))}")
+    for warning in warnings:
+        log.warning("%s", warning)
+    return Conversion(url=target, requests=len(seen), sampling=shared, warnings=warnings)

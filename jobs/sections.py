@@ -1,0 +1,189 @@
+"""The tables of a job spec (``[input]``, ``[output]``, ``[model]``, ...), one pydantic model each.
+
+Every table forbids unknown keys: a typo (``txt_field``) must fail loudly and name itself
+instead of silently falling back to a default. Relative local paths are resolved against
+the spec file's folder (passed as validation context ``base_dir``), so a spec means the
+same thing whatever directory the command runs from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from jobs.secrets import protect
+from pipeline.prompts import TemplateError, validate_template
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+_DOTDOT = re.compile(r"(^|[/\\])(\.\.|%2e%2e)([/\\]|$)", re.IGNORECASE)
+
+
+def is_local(url: str) -> bool:
+    """A plain path (no ``scheme://``)."""
+    return "://" not in url
+
+
+def resolve_local(url: str, info: ValidationInfo) -> str:
+    """A relative local path made absolute against the spec's folder (or the working directory)."""
+    if not is_local(url):
+        return url
+    path = os.path.expanduser(url)
+    if not os.path.isabs(path):
+        base = (info.context or {}).get("base_dir") or os.getcwd()
+        path = os.path.join(str(base), path)
+    trailing = "/" if url.endswith("/") else ""
+    return os.path.normpath(path) + trailing
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class InputSection(Section):
+    url: str = Field(min_length=1, description="file, directory/prefix or glob; relative paths: from the spec's folder")
+    glob: str | None = Field(None, description="appended to url, e.g. '*.jsonl'")
+    format: Literal["jsonl", "parquet", "csv", "openai_batch"] | None = None
+    id_field: str | None = None
+    text_field: str = Field("text", min_length=1)
+    passthrough: list[str] = Field(default_factory=list, description="input columns copied to the output")
+    split_row_groups: bool = False
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options; credentials redacted")
+
+    @field_validator("url")
+    @classmethod
+    def _resolve(cls, url: str, info: ValidationInfo) -> str:
+        return resolve_local(url, info)
+
+    @field_validator("storage_options")
+    @classmethod
+    def _protect(cls, options: dict[str, Any]) -> dict[str, Any]:
+        return protect(options)
+
+    @property
+    def full_url(self) -> str:
+        if not self.glob:
+            return self.url
+        return self.url.rstrip("/") + "/" + self.glob.lstrip("/")
+
+
+class OutputSection(Section):
+    url: str = Field(min_length=1, description="where parts and the manifest go; relative: from the spec's folder")
+    openai_format: bool | None = Field(
+        None, description="also write OpenAI batch output lines (default: on for kind openai_batch)"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _no_escape(cls, url: str, info: ValidationInfo) -> str:
+        if _DOTDOT.search(url):
+            raise ValueError(f"{url!r} contains a '..' segment; give the output location without '..'")
+        return resolve_local(url, info)
+
+
+class ModelSection(Section):
+    """The model and the engine settings (``engine.EngineConfig`` fields); unset keeps the engine default."""
+
+    name: str | None = Field(None, description=f"registered model name (default {DEFAULT_MODEL!r})")
+    path: str | None = Field(None, description="a local model directory instead of a name")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] | None = None
+    device: str | None = None
+    attention_backend: Literal["auto", "torch", "triton"] | None = None
+    block_size: int | None = Field(None, ge=1)
+    enable_prefix_caching: bool | None = None
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    num_kv_blocks: int | None = Field(None, ge=1)
+    kv_cache_memory_gb: float | None = Field(None, gt=0)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    max_model_len: int | None = Field(None, ge=1)
+    scheduling: Literal["continuous", "static"] | None = None
+    kv_allocation: Literal["paged", "contiguous"] | None = None
+    num_threads: int | None = Field(None, ge=1)
+    enforce_eager: bool | None = None
+    compile: bool | None = None
+    seed: int | None = None
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, value: int | None) -> int | None:
+        if value is not None and value & (value - 1):
+            raise ValueError(f"must be a power of two, got {value}")
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _resolve(cls, path: str | None, info: ValidationInfo) -> str | None:
+        return resolve_local(path, info) if path else path
+
+    def engine_settings(self) -> dict[str, Any]:
+        """EngineConfig keyword arguments: the model plus every setting given."""
+        settings = self.model_dump(exclude={"name", "path"}, exclude_none=True)
+        return {"model": self.path or self.name or DEFAULT_MODEL, **settings}
+
+
+class FewShot(Section):
+    """One worked example: becomes a user turn and an assistant turn in the shared prefix."""
+
+    user: str
+    assistant: str
+
+
+class PromptSection(Section):
+    system: str | None = Field(None, description="the shared instruction (default: the kind's)")
+    template: str | None = Field(None, description="user turn with {field} placeholders (default: '{<text_field>}')")
+    prompt_field: str | None = Field(None, description="kind 'generate': the column holding the whole user turn")
+    few_shot: list[FewShot] = Field(default_factory=list)
+
+    @field_validator("template")
+    @classmethod
+    def _plain_placeholders(cls, template: str | None) -> str | None:
+        if template is not None:
+            try:
+                validate_template(template)
+            except TemplateError as exc:
+                raise ValueError(str(exc).removeprefix("prompt template: ")) from None
+        return template
+
+
+class SamplingSection(Section):
+    """``engine.SamplingParams`` fields. Batch jobs default to greedy decoding (reproducible)."""
+
+    max_tokens: int = Field(128, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=-1)
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_stop(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("stop")
+    @classmethod
+    def _non_empty(cls, value: list[str]) -> list[str]:
+        if any(not s for s in value):
+            raise ValueError("stop strings must not be empty")
+        return value
+
+
+class EvaluateSection(Section):
+    reference_field: str = Field("answer", min_length=1, description="input column with the expected answer")
+    method: Literal["exact", "choice", "contains", "regex"] = "exact"
+    pattern: str | None = Field(None, description="method 'regex': extracts the answer (group 1, or the match)")
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from None
+        return pattern

@@ -1,0 +1,192 @@
+"""Client side of the fleet: submit a job as a chord of shard tasks, watch it, cancel it.
+
+Shards are listed once, at submit time, so every worker agrees on the numbering. Job
+state lives in Redis (see ``pipeline.job_state``) and is readable while the job runs;
+a job that ran embedded (no Redis state) is described from its manifest and parts.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+from celery import Celery, chord
+
+from connectors import list_shards, part_is_current, read_manifest
+from pipeline.celery_app import app as default_app
+from pipeline.celery_app import make_app
+from pipeline.job_state import JobStateStore
+from pipeline.manifest import public_url, utc_now
+from pipeline.plan import JobPlan
+
+FINAL_STATES = ("succeeded", "completed_with_errors", "cancelled", "failed")
+_TERMINAL_SHARD = ("done", "skipped", "failed", "cancelled")
+
+
+@functools.lru_cache(maxsize=8)
+def _client_app(broker_url: str | None, result_backend: str | None, queue: str | None) -> Celery:
+    if broker_url is None and result_backend is None and queue is None:
+        return default_app
+    return make_app(broker_url, result_backend, queue)
+
+
+def submit_job(
+    plan: JobPlan,
+    broker_url: str | None = None,
+    *,
+    result_backend: str | None = None,
+    queue: str | None = None,
+    state_url: str | None = None,
+) -> str:
+    """List the input shards and queue one task per shard plus the finalizer; returns the job id."""
+    shards = list_shards(
+        plan.input_url, format=plan.input_format, storage_options=plan.storage_options,
+        split_row_groups=plan.split_row_groups,
+    )
+    app = _client_app(broker_url, result_backend, queue)
+    queue_name = app.conf.task_default_queue
+    store = JobStateStore(state_url)
+    store.init_job(
+        plan.job_id,
+        {
+            "name": plan.name, "kind": plan.kind, "output_url": public_url(plan.output_url),
+            "shards": len(shards), "submitted_at": time.time(), "submitted_at_iso": utc_now(),
+            "status": "queued", "queue": queue_name,
+        },
+        [s.to_dict() for s in shards],
+    )
+    plan_dict = plan.to_dict()
+    header = [
+        app.signature("tokenmill.process_shard", args=(plan_dict, s.to_dict()), queue=queue_name) for s in shards
+    ]
+    body = app.signature("tokenmill.finalize_job", args=(plan_dict,), queue=queue_name)
+    body.link_error(app.signature("tokenmill.job_failed", kwargs={"plan_dict": plan_dict}))
+    result = chord(header, app=app)(body)
+    store.set_meta(plan.job_id, finalize_task_id=result.id)
+    return plan.job_id
+
+
+def job_status(job: str | JobPlan, *, state_url: str | None = None) -> dict[str, Any]:
+    """Per-shard state (queued, running, done, skipped, failed, cancelled + reason) and progress.
+
+    With a job id the live state comes from Redis; with a plan, a job unknown to Redis
+    (e.g. run embedded) is described from its manifest, or from which parts exist.
+    """
+    plan = job if isinstance(job, JobPlan) else None
+    job_id = plan.job_id if plan is not None else str(job)
+    meta, shards = {}, {}
+    try:
+        store = JobStateStore(state_url)
+        meta, shards = store.meta(job_id), store.shards(job_id)
+    except Exception:
+        if plan is None:
+            raise
+    if meta:
+        return _live_status(job_id, meta, shards)
+    if plan is None:
+        raise KeyError(f"unknown job {job_id!r}: no state in Redis (pass the JobPlan to read its output)")
+    return _status_from_output(plan)
+
+
+def _live_status(job_id: str, meta: dict[str, Any], shards: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    now = time.time()
+    rows = [
+        {
+            "index": i, "url": s.get("url"), "state": s.get("state", "queued"), "rows_done": s.get("rows_done", 0),
+            "errors": s.get("errors", 0), "output_tokens": s.get("output_tokens", 0), "reason": s.get("reason"),
+            "worker": s.get("worker"),
+            # a "running" shard whose worker died keeps its state until the broker redelivers it
+            # (Redis: after the visibility timeout); a large value here is the hint
+            "updated_s_ago": round(now - s["updated_at"], 1) if s.get("updated_at") else None,
+        }
+        for i, s in shards.items()
+    ]
+    count = {state: sum(r["state"] == state for r in rows) for state in ("queued", "running", *_TERMINAL_SHARD)}
+    started = [s["started_at"] for s in shards.values() if s.get("started_at")]
+    finished = meta.get("finished_at")
+    elapsed = ((finished or now) - min(started)) if started else 0.0
+    output_tokens = sum(r["output_tokens"] for r in rows)
+    status = meta.get("status", "queued")
+    if status not in FINAL_STATES:
+        if meta.get("cancel_requested_at"):
+            status = "cancelling"
+        elif rows and all(r["state"] in _TERMINAL_SHARD for r in rows):
+            status = "finalizing"
+        elif count["queued"] < len(rows):
+            status = "running"
+    return {
+        "job_id": job_id,
+        "name": meta.get("name"),
+        "status": status,
+        "output_url": meta.get("output_url"),
+        "shards": rows,
+        "progress": {
+            "shards_total": len(rows),
+            **{f"shards_{k}": v for k, v in count.items()},
+            "rows_done": sum(r["rows_done"] for r in rows),
+            "errors": sum(r["errors"] for r in rows),
+            "output_tokens": output_tokens,
+            "tokens_per_s": round(output_tokens / elapsed, 2) if elapsed > 0 else 0.0,
+            "elapsed_s": round(elapsed, 2),
+        },
+    }
+
+
+def _status_from_output(plan: JobPlan) -> dict[str, Any]:
+    manifest = read_manifest(plan.output_url, plan.storage_options)
+    if manifest is not None:
+        rows = [
+            {"index": s["index"], "url": s["url"], "state": s["status"], "rows_done": s.get("rows", 0),
+             "errors": s.get("errors", 0), "output_tokens": s.get("output_tokens", 0), "reason": s.get("reason"),
+             "worker": s.get("worker")}
+            for s in manifest["shards"]
+        ]
+        status = manifest["status"]
+        elapsed = manifest.get("engine_stats", {}).get("elapsed_s", 0.0)
+    else:
+        listed = list_shards(
+            plan.input_url, format=plan.input_format, storage_options=plan.storage_options,
+            split_row_groups=plan.split_row_groups,
+        )
+        rows = [
+            {"index": s.index, "url": s.url,
+             "state": "done" if part_is_current(plan.output_url, s.index, s.fingerprint, plan.storage_options)
+             else "queued", "rows_done": 0, "errors": 0, "output_tokens": 0, "reason": None, "worker": None}
+            for s in listed
+        ]
+        status, elapsed = "unknown", 0.0
+    count = {state: sum(r["state"] == state for r in rows) for state in ("queued", "running", *_TERMINAL_SHARD)}
+    output_tokens = sum(r["output_tokens"] for r in rows)
+    return {
+        "job_id": plan.job_id, "name": plan.name, "status": status, "output_url": public_url(plan.output_url),
+        "shards": rows,
+        "progress": {
+            "shards_total": len(rows), **{f"shards_{k}": v for k, v in count.items()},
+            "rows_done": sum(r["rows_done"] for r in rows), "errors": sum(r["errors"] for r in rows),
+            "output_tokens": output_tokens,
+            "tokens_per_s": round(output_tokens / elapsed, 2) if elapsed else 0.0, "elapsed_s": elapsed,
+        },
+    }
+
+
+def cancel_job(job_id: str, *, state_url: str | None = None) -> dict[str, Any]:
+    """Queued shards return ``cancelled`` when they start; running ones stop within about a
+    second (their in-flight rows are dropped, no part is written); the manifest says cancelled."""
+    store = JobStateStore(state_url)
+    if not store.meta(job_id):
+        raise KeyError(f"unknown job {job_id!r}")
+    store.cancel(job_id)
+    return job_status(job_id, state_url=state_url)
+
+
+def wait_for_job(job_id: str, timeout: float, *, state_url: str | None = None, poll_s: float = 1.0) -> dict[str, Any]:
+    """Poll until the job reaches a final state; raises TimeoutError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = job_status(job_id, state_url=state_url)
+        if status["status"] in FINAL_STATES:
+            return status
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} still {status['status']} after {timeout}s")
+        time.sleep(poll_s)

@@ -1,0 +1,66 @@
+"""Embedded mode: run a whole job in this process, no broker needed.
+
+All shards go through one ShardProcessor, so the engine stays full across shard
+boundaries. The manifest is written at the end; ``_SUCCESS`` only when no shard failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from connectors import list_shards, write_manifest, write_success_marker
+from engine import LLMEngine
+from pipeline.engine_cache import get_engine, rebuild_engine
+from pipeline.manifest import build_manifest, engine_delta, utc_now
+from pipeline.plan import JobPlan
+from pipeline.progress import RunProgress
+from pipeline.shard_processor import ShardProcessor
+from pipeline.summary import run_summary_hook
+
+log = logging.getLogger(__name__)
+
+
+def run_embedded(
+    plan: JobPlan,
+    progress: bool = True,
+    *,
+    cross_shard: bool = True,
+    engine: LLMEngine | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
+    """Process every shard of ``plan`` here and return the manifest (also written to the output).
+
+    ``engine`` defaults to the process's cached engine for ``plan.engine``;
+    ``cross_shard=False`` drains the engine between shards (benchmarking only).
+    """
+    started_at, t0 = utc_now(), time.perf_counter()
+    shards = list_shards(
+        plan.input_url, format=plan.input_format, storage_options=plan.storage_options,
+        split_row_groups=plan.split_row_groups,
+    )
+    engine = engine or get_engine(plan.engine)
+    before = engine.stats()
+    processor = ShardProcessor(
+        engine, plan, cross_shard=cross_shard, should_stop=should_stop,
+        engine_factory=lambda: rebuild_engine(plan.engine),
+    )
+    results: list[dict[str, Any]] = []
+    with RunProgress(len(shards), engine, enabled=progress) as bar:
+        processor.on_progress = bar
+        for result in processor.run(shards):
+            if result["status"] == "failed":
+                log.warning("shard %d (%s) failed: %s", result["index"], result["url"], result["reason"])
+            results.append(result)
+    elapsed = time.perf_counter() - t0
+    stats = engine_delta(before, processor.engine.stats())
+    manifest = build_manifest(
+        plan, results, mode="embedded", started_at=started_at, elapsed_s=elapsed, engine_stats=stats,
+        summary=run_summary_hook(plan, results),
+    )
+    write_manifest(plan.output_url, manifest, plan.storage_options)
+    if manifest["success_marker"]:
+        write_success_marker(plan.output_url, plan.storage_options)
+    return manifest

@@ -1,0 +1,122 @@
+"""The job manifest (``_manifest.json``): what ran, on what, and how each shard ended.
+
+Job status: ``succeeded`` when every shard is done or skipped (the only case that also
+writes ``_SUCCESS``); ``completed_with_errors`` when some shard failed (its reason is
+listed, the other parts are valid, a re-run redoes only the missing parts);
+``cancelled`` when the job was cancelled; ``failed`` when the fleet lost the job (see
+``tokenmill.job_failed``). Per-row errors do not change the status; they are counted.
+
+Nothing from ``storage_options`` or ``hook_options`` is written, and URLs lose any
+``user:password@`` part.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from pipeline.plan import JobPlan
+
+log = logging.getLogger(__name__)
+
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
+_SHARD_FIELDS = (
+    "index", "url", "status", "rows", "errors", "reason", "prompt_tokens", "output_tokens",
+    "cached_prompt_tokens", "seconds", "worker",
+)
+_COUNTERS = (
+    "prompt_tokens_computed", "decode_tokens", "prefix_cache_query_tokens", "prefix_cache_hit_tokens",
+    "preemptions", "steps",
+)
+
+
+def public_url(url: str) -> str:
+    """The URL without credentials embedded in it."""
+    return _USERINFO.sub(r"\1", url)
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def job_state(results: list[dict[str, Any]], cancelled: bool = False) -> str:
+    statuses = {r["status"] for r in results}
+    if cancelled or "cancelled" in statuses:
+        return "cancelled"
+    if "failed" in statuses:
+        return "completed_with_errors"
+    return "succeeded"
+
+
+def engine_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Counters for one run on an engine that may have served earlier runs (peaks are lifetime)."""
+    out = {k: after[k] - before.get(k, 0) for k in _COUNTERS}
+    running = after["mean_running_seqs"] * after["steps"] - before.get("mean_running_seqs", 0) * before.get("steps", 0)
+    out["mean_running_seqs"] = running / out["steps"] if out["steps"] else 0.0
+    for k in ("kv_blocks_total", "kv_blocks_peak_used", "kv_peak_usage", "kv_waste_at_peak", "peak_running_seqs"):
+        out[k] = after[k]
+    return out
+
+
+def build_manifest(
+    plan: JobPlan,
+    results: list[dict[str, Any]],
+    *,
+    mode: str,
+    started_at: str,
+    elapsed_s: float,
+    engine_stats: dict[str, Any] | None = None,
+    summary: Any = None,
+    cancelled: bool = False,
+) -> dict[str, Any]:
+    results = sorted(results, key=lambda r: r["index"])
+    shards = [{k: r.get(k) for k in _SHARD_FIELDS} for r in results]
+    count = {s: sum(r["status"] == s for r in results) for s in ("done", "skipped", "failed", "cancelled")}
+    totals = {
+        "shards": len(results),
+        **{f"shards_{k}": v for k, v in count.items()},
+        **{k: sum(r.get(k) or 0 for r in results) for k in (
+            "rows", "errors", "prompt_tokens", "output_tokens", "cached_prompt_tokens")},
+    }
+    processed = [r for r in results if r["status"] == "done"]
+    stats: dict[str, Any] = {
+        "elapsed_s": round(elapsed_s, 3),
+        "output_tokens_per_s": round(sum(r["output_tokens"] for r in processed) / elapsed_s, 2) if elapsed_s else 0.0,
+        "rows_per_s": round(sum(r["rows"] for r in processed) / elapsed_s, 2) if elapsed_s else 0.0,
+        "prefix_cache_hit_tokens": sum(r.get("cached_prompt_tokens") or 0 for r in processed),
+        "kv_peak_usage": max((r.get("engine", {}).get("kv_peak_usage", 0.0) for r in results), default=0.0),
+        "workers": sorted({r["worker"] for r in processed if r.get("worker")}),
+    }
+    if engine_stats:
+        stats.update(engine_stats)
+    state = job_state(results, cancelled)
+    return {
+        "job_id": plan.job_id,
+        "name": plan.name,
+        "kind": plan.kind,
+        "status": state,
+        "mode": mode,
+        "input_url": public_url(plan.input_url),
+        "output_url": public_url(plan.output_url),
+        "model": plan.engine.get("model", "smollm2-135m-instruct"),
+        "engine": dict(plan.engine),
+        "sampling": dict(plan.sampling),
+        "prompt": {
+            "system": plan.prompt.system,
+            "user_template": plan.prompt.user_template,
+            "few_shot_turns": len(plan.prompt.few_shot),
+            "prompt_field": plan.prompt.prompt_field,
+            "messages_field": plan.prompt.messages_field,
+        },
+        "hooks": {"row_hook": plan.row_hook, "summary_hook": plan.summary_hook},
+        "started_at": started_at,
+        "finished_at": utc_now(),
+        "shards": shards,
+        "totals": totals,
+        "engine_stats": stats,
+        "summary": summary,
+        "openai_output": plan.openai_output,
+        "success_marker": state == "succeeded",
+    }

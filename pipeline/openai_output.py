@@ -1,0 +1,60 @@
+"""OpenAI batch output lines, one JSONL file per part (``part-00017.jsonl``).
+
+The pipeline writes a standard line per row; a job kind's row hook may return its
+own under the key ``openai_line`` to replace it. Ids are derived from the job and row
+ids, so a re-processed shard writes the same file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any
+
+OPENAI_LINE_KEY = "openai_line"
+
+
+def jsonl_name(shard_index: int) -> str:
+    return f"part-{shard_index:05d}.jsonl"
+
+
+def _stable_id(*parts: str) -> str:
+    return hashlib.sha1("\x1f".join(parts).encode("utf-8")).hexdigest()[:24]
+
+
+def openai_line(row: dict[str, Any], job_id: str, model: str) -> dict[str, Any]:
+    """The batch-API output object for one result row (error rows carry ``error``)."""
+    rid = _stable_id(job_id, row["id"])
+    if row.get("error"):
+        return {
+            "id": f"batch_req_{rid}",
+            "custom_id": row["id"],
+            "response": None,
+            "error": {"code": "invalid_request", "message": row["error"]},
+        }
+    prompt, completion = row.get("prompt_tokens") or 0, row.get("output_tokens") or 0
+    body = {
+        "id": f"chatcmpl-{rid}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": row.get("output") or ""},
+                "finish_reason": row.get("finish_reason") or "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+    }
+    return {
+        "id": f"batch_req_{rid}",
+        "custom_id": row["id"],
+        "response": {"status_code": 200, "request_id": f"req_{rid}", "body": body},
+        "error": None,
+    }
+
+
+def lines_to_jsonl(lines: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(line, ensure_ascii=False, default=str) + "\n" for line in lines)

@@ -1,0 +1,58 @@
+"""What a worker needs to process a job's shards: plain, JSON-safe data.
+
+``jobs/`` builds a ``JobPlan`` from a user's spec; ``pipeline/`` executes it. Nothing
+here parses specs or touches storage formats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class PromptPlan:
+    """How a row becomes chat messages: a shared system instruction (and few-shot turns,
+    part of the shared prefix), then the user turn rendered from ``user_template``
+    with ``{field}`` placeholders filled from the row (plain names only)."""
+
+    system: str = ""
+    user_template: str = "{text}"
+    few_shot: list[dict[str, str]] = field(default_factory=list)  # [{"role": ..., "content": ...}]
+    prompt_field: str | None = None  # "generate" kind: the row's column is the whole user turn
+    messages_field: str | None = None  # OpenAI batch input: the row carries its own messages
+
+
+@dataclass
+class JobPlan:
+    job_id: str
+    name: str
+    kind: str  # summarize | evaluate | generate | openai_batch
+    input_url: str
+    output_url: str
+    input_format: str | None = None  # None: from the file names
+    id_field: str | None = None
+    text_field: str = "text"
+    passthrough_fields: list[str] = field(default_factory=list)
+    storage_options: dict[str, Any] = field(default_factory=dict)  # never logged or written out
+    split_row_groups: bool = False
+    prompt: PromptPlan = field(default_factory=PromptPlan)
+    sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields
+    engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields (model, dtype, ...)
+    truncate_prompt: bool = False  # cut over-long prompts instead of erroring the row
+    # Optional per-row and per-job hooks of the job kind, as "module:function" inside the
+    # ``jobs`` package (e.g. the evaluation scorer). Only ``jobs.`` modules may be named.
+    row_hook: str | None = None
+    summary_hook: str | None = None
+    hook_options: dict[str, Any] = field(default_factory=dict)
+    extra_columns: dict[str, str] = field(default_factory=dict)  # name -> arrow type ("float64", "string", "bool")
+    openai_output: bool = False  # also write OpenAI batch output JSONL lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobPlan:
+        data = dict(data)
+        data["prompt"] = PromptPlan(**data.get("prompt", {}))
+        return cls(**data)

@@ -1,0 +1,533 @@
+"""Streams shards' records through one engine and writes one output part per shard.
+
+The engine is kept full across shard boundaries: as soon as the current shard's
+reader is exhausted, the next shard is opened and its rows are admitted while the
+current shard's last requests still decode, so the batch never drains to a handful of
+stragglers between shards. Memory stays bounded: at most ``max_queued`` requests sit in
+the engine, at most one read batch waits for admission, and only the results of
+unfinished shards are held.
+
+Rows in == rows out: a bad input row, a prompt the engine refuses, a template error,
+a failing row hook or an engine fault each become an output row with ``error`` set.
+A shard that cannot be read at all is reported ``failed`` and writes no part.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from connectors import (
+    Record,
+    ShardReadError,
+    ShardRef,
+    is_transient,
+    join_url,
+    part_is_current,
+    read_records,
+    write_part,
+    write_text,
+)
+from engine import LLMEngine, RequestError, SamplingParams
+from pipeline.hooks import load_hook
+from pipeline.openai_output import OPENAI_LINE_KEY, jsonl_name, lines_to_jsonl, openai_line
+from pipeline.output_schema import coerce_extra, output_schema, passthrough_value, rows_to_table
+from pipeline.part_info import read_part_result, with_result
+from pipeline.plan import JobPlan
+from pipeline.prompts import TemplateError, prefix_key, render_messages, validate_prompt
+from pipeline.shard_result import ShardResult
+
+log = logging.getLogger(__name__)
+
+# Shards open at once: one being read, the rest waiting for their last requests to finish.
+MAX_OPEN_SHARDS = 8
+
+
+@dataclass
+class ShardProgress:
+    """A running shard's counters, handed to the progress callback as they change."""
+
+    index: int
+    url: str
+    state: str  # running | done | skipped | failed | cancelled
+    rows_done: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    started_at: float = field(default_factory=time.time)
+    reason: str | None = None
+
+
+ProgressCallback = Callable[[ShardProgress], None]
+
+
+@dataclass
+class _Pending:
+    """A read record waiting for admission, with its messages (or why it has none)."""
+
+    record: Record
+    messages: list[dict[str, str]] | None
+    error: str | None
+
+
+@dataclass
+class _InFlight:
+    shard: _OpenShard
+    record: Record
+    admitted_at: float
+
+
+@dataclass
+class _OpenShard:
+    ref: ShardRef
+    batches: Iterator[list[Record]]
+    progress: ShardProgress
+    started: float = field(default_factory=time.perf_counter)
+    buffer: deque[_Pending] = field(default_factory=deque)
+    exhausted: bool = False
+    failed: str | None = None
+    transient: bool = False
+    cancelled: bool = False
+    in_flight: set[str] = field(default_factory=set)
+    rows: dict[int, dict[str, Any]] = field(default_factory=dict)  # row_number -> output row
+    openai_lines: dict[int, dict[str, Any]] = field(default_factory=dict)
+    cached_prompt_tokens: int = 0
+
+
+class ShardProcessor:
+    """``ShardProcessor(engine, plan).run(shards)`` yields a ShardResult per shard as each completes.
+
+    ``cross_shard=False`` drains the engine between shards (for benchmarks: the
+    behaviour this class exists to avoid). ``should_stop`` is polled about once a
+    second; when it returns True the open shards are aborted and every shard not yet
+    finished comes back ``cancelled``. ``engine_factory`` builds a fresh engine after
+    two consecutive step faults.
+    """
+
+    def __init__(
+        self,
+        engine: LLMEngine,
+        plan: JobPlan,
+        *,
+        cross_shard: bool = True,
+        max_queued: int | None = None,
+        on_progress: ProgressCallback | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        engine_factory: Callable[[], LLMEngine] | None = None,
+        worker: str | None = None,
+    ) -> None:
+        validate_prompt(plan.prompt)
+        self.engine = engine
+        self.plan = plan
+        self.cross_shard = cross_shard
+        self.max_queued = max_queued or 2 * engine.config.max_num_seqs
+        self.read_batch = max(1, min(256, self.max_queued))
+        self.on_progress = on_progress
+        self.should_stop = should_stop
+        self.engine_factory = engine_factory
+        self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
+        self.schema = output_schema(plan)
+        self.sampling = SamplingParams.from_dict(dict(plan.sampling))
+        self.hook = load_hook(plan.row_hook) if plan.row_hook else None
+        self.extra_types = {f.name: f.type for f in self.schema if f.name in plan.extra_columns}
+        self._in_flight: dict[str, _InFlight] = {}
+        self._nonce = uuid.uuid4().hex[:8]
+        self._faults = 0
+        self._last_stop_check = 0.0
+
+    # ---- driving ----------------------------------------------------------------------
+    def process_shard(self, shard: ShardRef) -> dict[str, Any]:
+        """One shard, start to finish: its ShardResult dict."""
+        (result,) = list(self.run([shard]))
+        return result
+
+    def run(self, shards: Iterable[ShardRef]) -> Iterator[dict[str, Any]]:
+        """Process ``shards`` in order, overlapping each shard's tail with the next's head."""
+        self._abort_leftovers()
+        pending = iter(shards)
+        opened: list[_OpenShard] = []
+        more = True
+        try:
+            while True:
+                if self._stop_requested():
+                    yield from self._cancel_all(opened, pending)
+                    return
+                while len(self._in_flight) < self.max_queued:
+                    reader = opened[-1] if opened and not opened[-1].exhausted else None
+                    if reader is None:
+                        yield from self._finish_ready(opened)
+                        if not more or len(opened) >= MAX_OPEN_SHARDS or (opened and not self.cross_shard):
+                            break
+                        ref = next(pending, None)
+                        if ref is None:
+                            more = False
+                            break
+                        state = self._open(ref)
+                        if isinstance(state, dict):
+                            yield state
+                        else:
+                            opened.append(state)
+                        continue
+                    self._admit_next(reader)
+                yield from self._finish_ready(opened)
+                if not opened and not more:
+                    return
+                if self._in_flight:
+                    self._step()
+        finally:
+            for rid in list(self._in_flight):  # closed early (error, consumer stopped): leave no work behind
+                self._abort(rid)
+            self._in_flight.clear()
+
+    def _finish_ready(self, opened: list[_OpenShard]) -> Iterator[dict[str, Any]]:
+        """Write out every open shard that is fully read and has nothing left in the engine."""
+        for shard in [s for s in opened if s.exhausted and not s.in_flight]:
+            opened.remove(shard)
+            yield self._finish(shard)
+
+    def _abort_leftovers(self) -> None:
+        """A previous run on this engine that died half-way may have left requests queued."""
+        for rid in list(getattr(self.engine, "sequences", {})):
+            self._abort(rid)
+
+    def _abort(self, rid: str) -> None:
+        try:
+            self.engine.abort_request(rid)
+        except Exception as exc:  # the engine may be the thing that is broken
+            log.warning("could not abort request %s: %s", rid, exc)
+
+    def _stop_requested(self) -> bool:
+        if self.should_stop is None:
+            return False
+        now = time.monotonic()
+        if now - self._last_stop_check < 1.0:
+            return False
+        self._last_stop_check = now
+        try:
+            return bool(self.should_stop())
+        except Exception as exc:
+            log.warning("cancel check failed, carrying on: %s", exc)
+            return False
+
+    # ---- opening and reading -----------------------------------------------------------
+    def _open(self, ref: ShardRef) -> _OpenShard | dict[str, Any]:
+        """An open shard, or a finished result for a shard that is current, cancelled or unreadable."""
+        plan = self.plan
+        started = time.perf_counter()
+        try:
+            current = part_is_current(plan.output_url, ref.index, ref.fingerprint, plan.storage_options)
+        except Exception as exc:  # cannot tell: process it; a real storage problem shows at write time
+            log.warning("cannot check part %d of %s: %s", ref.index, plan.job_id, exc)
+            current = False
+        if current:
+            counts = read_part_result(plan.output_url, ref.index, plan.storage_options)
+            return self._result(ref, "skipped", started, reason="part already current", **counts)
+        progress = ShardProgress(ref.index, ref.url, "running")
+        try:
+            batches = read_records(
+                ref,
+                text_field=plan.text_field,
+                id_field=plan.id_field,
+                batch_size=self.read_batch,
+                storage_options=plan.storage_options,
+            )
+        except ShardReadError as exc:
+            return self._result(ref, "failed", started, reason=str(exc))
+        except Exception as exc:
+            return self._result(
+                ref, "failed", started, reason=f"{type(exc).__name__}: {exc}", transient=is_transient(exc)
+            )
+        self._notify(progress)
+        return _OpenShard(ref, batches, progress)
+
+    def _admit_next(self, shard: _OpenShard) -> None:
+        """Admit one buffered row, or read the next batch into the buffer."""
+        if shard.buffer:
+            self._submit(shard, shard.buffer.popleft())
+            return
+        try:
+            batch = next(shard.batches)
+        except StopIteration:
+            shard.exhausted = True
+            return
+        except ShardReadError as exc:
+            self._fail_shard(shard, str(exc), transient=False)
+            return
+        except Exception as exc:
+            self._fail_shard(shard, f"{type(exc).__name__}: {exc}", transient=is_transient(exc))
+            return
+        shard.buffer.extend(self._ordered(batch))
+
+    def _ordered(self, batch: list[Record]) -> list[_Pending]:
+        """Rows sharing all turns but the last go in together (prefix-cache hits), groups in
+        order of first appearance, so within a read batch nothing waits behind later rows."""
+        groups: dict[str, list[_Pending]] = {}
+        for record in batch:
+            if record.error:
+                pending = _Pending(record, None, record.error)
+            else:
+                try:
+                    pending = _Pending(record, render_messages(self.plan.prompt, record.fields, record.row_number), None)
+                except TemplateError as exc:
+                    pending = _Pending(record, None, str(exc))
+            key = prefix_key(pending.messages) if pending.messages else ""
+            groups.setdefault(key, []).append(pending)
+        return [p for group in groups.values() for p in group]
+
+    def _fail_shard(self, shard: _OpenShard, reason: str, *, transient: bool) -> None:
+        for rid in shard.in_flight:
+            self._abort(rid)
+            self._in_flight.pop(rid, None)
+        shard.in_flight.clear()
+        shard.buffer.clear()
+        shard.rows.clear()
+        shard.openai_lines.clear()
+        shard.failed, shard.transient, shard.exhausted = reason, transient, True
+        close = getattr(shard.batches, "close", None)
+        if close is not None:
+            close()
+
+    # ---- admission ------------------------------------------------------------------------
+    def _submit(self, shard: _OpenShard, pending: _Pending) -> None:
+        record = pending.record
+        if pending.messages is None:
+            self._complete(shard, record, self._base_row(record, error=pending.error))
+            return
+        try:
+            token_ids = self._tokenize(record, pending.messages)
+        except TemplateError as exc:
+            self._complete(shard, record, self._base_row(record, error=str(exc)))
+            return
+        except Exception as exc:
+            message = f"row {record.row_number}: cannot apply the chat template: {exc}"
+            self._complete(shard, record, self._base_row(record, error=message))
+            return
+        rid = f"{self._nonce}:{shard.ref.index}:{record.row_number}"
+        try:
+            self.engine.add_request(rid, token_ids, self.sampling)
+        except RequestError as exc:
+            message = str(exc).replace(f"request {rid}", f"row {record.row_number}", 1)
+            self._complete(shard, record, self._base_row(record, error=message, prompt_tokens=len(token_ids)))
+            return
+        except Exception as exc:  # an engine bug must cost this row, not the shard
+            log.exception("add_request failed for row %d", record.row_number)
+            message = f"row {record.row_number}: cannot queue the request: {type(exc).__name__}: {exc}"
+            self._complete(shard, record, self._base_row(record, error=message, prompt_tokens=len(token_ids)))
+            return
+        self._in_flight[rid] = _InFlight(shard, record, time.perf_counter())
+        shard.in_flight.add(rid)
+
+    def _tokenize(self, record: Record, messages: list[dict[str, str]]) -> list[int]:
+        ids = self.engine.apply_chat_template(messages)
+        if not self.plan.truncate_prompt or len(ids) < self._prompt_budget():
+            return ids
+        return self._truncated(record, messages, ids)
+
+    def _prompt_budget(self) -> int:
+        """Longest prompt kept when truncating: room for max_tokens, but at least half the context."""
+        ctx = self.engine.max_model_len
+        return max(ctx - self.sampling.max_tokens, ctx // 2)
+
+    def _truncated(self, record: Record, messages: list[dict[str, str]], ids: list[int]) -> list[int]:
+        """Cut the document (the prompt field, the text field, or the last turn) until the prompt fits."""
+        plan, budget = self.plan, self._prompt_budget()
+        fields = dict(record.fields)
+        name = plan.prompt.prompt_field or plan.text_field
+        cut_field = plan.prompt.messages_field is None and isinstance(fields.get(name), str)
+        for _ in range(4):
+            text = fields[name] if cut_field else messages[-1]["content"]
+            doc = self.engine.encode(text)
+            keep = len(doc) - (len(ids) - budget) - 8
+            if keep <= 0:
+                raise TemplateError(
+                    f"row {record.row_number}: prompt is {len(ids)} tokens and stays over {budget} "
+                    "even with the document cut away"
+                )
+            text = self.engine.tokenizer.decode(doc[:keep])
+            if cut_field:
+                fields[name] = text
+                messages = render_messages(plan.prompt, fields, record.row_number)
+            else:
+                messages = messages[:-1] + [{"role": messages[-1]["role"], "content": text}]
+            ids = self.engine.apply_chat_template(messages)
+            if len(ids) < budget:
+                return ids
+        raise TemplateError(f"row {record.row_number}: could not truncate the prompt under {budget} tokens")
+
+    # ---- stepping ---------------------------------------------------------------------------
+    def _step(self) -> None:
+        if not self.engine.has_unfinished():  # cannot happen unless the engine lost requests
+            self._fail_in_flight("the engine dropped the request")
+            return
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            self._faults += 1
+            log.exception("engine step failed (%d in a row)", self._faults)
+            self._fail_in_flight(f"engine step failed: {type(exc).__name__}: {exc}")
+            if self._faults >= 2 and self.engine_factory is not None:
+                log.warning("rebuilding the engine after %d consecutive step faults", self._faults)
+                self.engine = self.engine_factory()
+                self._faults = 0
+            return
+        self._faults = 0
+        touched: dict[int, _OpenShard] = {}
+        for out in outputs:
+            inf = self._in_flight.pop(out.request_id, None)
+            if inf is None:
+                continue
+            inf.shard.in_flight.discard(out.request_id)
+            row = self._base_row(
+                inf.record,
+                output=out.text,
+                finish_reason=out.finish_reason,
+                prompt_tokens=len(out.prompt_token_ids),
+                output_tokens=len(out.token_ids),
+                cached_prompt_tokens=out.metrics.num_cached_prompt_tokens,
+                error=out.error,
+                latency_s=time.perf_counter() - inf.admitted_at,
+            )
+            self._complete(inf.shard, inf.record, row, notify=False)
+            touched[inf.shard.ref.index] = inf.shard
+        for shard in touched.values():
+            self._notify(shard.progress)
+
+    def _fail_in_flight(self, message: str) -> None:
+        """Every request in the engine becomes an error row; the engine is left empty."""
+        for rid, inf in list(self._in_flight.items()):
+            self._abort(rid)
+            inf.shard.in_flight.discard(rid)
+            row = self._base_row(
+                inf.record, error=f"row {inf.record.row_number}: {message}",
+                latency_s=time.perf_counter() - inf.admitted_at,
+            )
+            self._complete(inf.shard, inf.record, row)
+        self._in_flight.clear()
+
+    # ---- rows -------------------------------------------------------------------------------
+    def _base_row(self, record: Record, **values: Any) -> dict[str, Any]:
+        row: dict[str, Any] = {"id": record.id}
+        for name in self.plan.passthrough_fields:
+            row[name] = passthrough_value(record.fields.get(name))
+        row.update(
+            output=None, finish_reason="error" if values.get("error") else None, prompt_tokens=0,
+            output_tokens=0, cached_prompt_tokens=0, error=None, latency_s=0.0,
+        )
+        row.update(values)
+        for name in self.plan.extra_columns:
+            row[name] = None
+        return row
+
+    def _complete(self, shard: _OpenShard, record: Record, row: dict[str, Any], notify: bool = True) -> None:
+        """Run the row hook, then keep the row for the shard's part."""
+        line = None
+        if self.hook is not None:
+            line = self._apply_hook(row, record)
+        if self.plan.openai_output:
+            shard.openai_lines[record.row_number] = line or openai_line(
+                row, self.plan.job_id, str(self.plan.engine.get("model", ""))
+            )
+        shard.rows[record.row_number] = row
+        p = shard.progress
+        p.rows_done += 1
+        p.errors += row["error"] is not None
+        p.prompt_tokens += row["prompt_tokens"]
+        p.output_tokens += row["output_tokens"]
+        shard.cached_prompt_tokens += row["cached_prompt_tokens"]
+        if notify:
+            self._notify(p)
+
+    def _apply_hook(self, row: dict[str, Any], record: Record) -> dict[str, Any] | None:
+        """Fill extra columns from the hook; a failing hook turns the row into an error row."""
+        try:
+            extra = self.hook(dict(row), dict(record.fields), dict(self.plan.hook_options)) or {}
+            if not isinstance(extra, dict):
+                raise TypeError(f"returned {type(extra).__name__}, expected a dict")
+            values = {}
+            for name, value in extra.items():
+                if name in self.extra_types:
+                    try:
+                        values[name] = coerce_extra(value, self.extra_types[name])
+                    except (TypeError, ValueError) as exc:
+                        raise TypeError(f"column {name!r}: {exc}") from None
+            row.update(values)
+            line = extra.get(OPENAI_LINE_KEY)
+            return line if isinstance(line, dict) else None
+        except Exception as exc:
+            message = f"row hook {self.plan.row_hook} failed: {type(exc).__name__}: {exc}"
+            row["error"] = f"{row['error']}; {message}" if row["error"] else f"row {record.row_number}: {message}"
+            row["finish_reason"] = row["finish_reason"] or "error"
+            return None
+
+    # ---- finishing -------------------------------------------------------------------------
+    def _finish(self, shard: _OpenShard) -> dict[str, Any]:
+        ref = shard.ref
+        if shard.failed is not None:
+            return self._result(ref, "failed", shard.started, reason=shard.failed, transient=shard.transient)
+        rows = [shard.rows[n] for n in sorted(shard.rows)]
+        p = shard.progress
+        counts = dict(
+            rows=len(rows), errors=p.errors, prompt_tokens=p.prompt_tokens, output_tokens=p.output_tokens,
+            cached_prompt_tokens=shard.cached_prompt_tokens,
+        )
+        try:
+            if self.plan.openai_output:
+                lines = [shard.openai_lines[n] for n in sorted(shard.openai_lines)]
+                write_text(
+                    join_url(self.plan.output_url, jsonl_name(ref.index)), lines_to_jsonl(lines),
+                    self.plan.storage_options,
+                )
+            table = with_result(rows_to_table(rows, self.schema), counts)
+            write_part(
+                self.plan.output_url, ref.index, table, fingerprint=ref.fingerprint,
+                storage_options=self.plan.storage_options,
+            )
+        except Exception as exc:
+            log.exception("cannot write part %d", ref.index)
+            return self._result(
+                ref, "failed", shard.started, reason=f"cannot write the output part: {type(exc).__name__}: {exc}",
+                transient=is_transient(exc),
+            )
+        return self._result(ref, "done", shard.started, **counts)
+
+    def _cancel_all(self, opened: list[_OpenShard], pending: Iterator[ShardRef]) -> Iterator[dict[str, Any]]:
+        for shard in opened:
+            self._fail_shard(shard, "cancelled", transient=False)
+            yield self._result(shard.ref, "cancelled", shard.started, reason="job cancelled")
+        for ref in pending:
+            yield self._result(ref, "cancelled", time.perf_counter(), reason="job cancelled")
+
+    def _result(self, ref: ShardRef, status: str, started: float, **values: Any) -> dict[str, Any]:
+        stats = {}
+        try:
+            s = self.engine.stats()
+            stats = {k: s[k] for k in ("kv_peak_usage", "prefix_cache_hit_tokens", "mean_running_seqs", "preemptions")}
+        except Exception:  # a broken engine must not hide the shard's result
+            pass
+        counts = {k: v for k, v in values.items() if k in ("rows", "errors", "prompt_tokens", "output_tokens",
+                                                          "cached_prompt_tokens", "reason", "transient")}
+        result = ShardResult(
+            index=ref.index, url=ref.url, status=status, seconds=round(time.perf_counter() - started, 3),
+            worker=self.worker, engine=stats, **counts,
+        ).to_dict()
+        progress = ShardProgress(
+            ref.index, ref.url, status, rows_done=result["rows"], errors=result["errors"],
+            prompt_tokens=result["prompt_tokens"], output_tokens=result["output_tokens"], reason=result["reason"],
+        )
+        self._notify(progress)
+        return result
+
+    def _notify(self, progress: ShardProgress) -> None:
+        if self.on_progress is None:
+            return
+        try:
+            self.on_progress(progress)
+        except Exception as exc:  # progress display/reporting must never fail a shard
+            log.warning("progress callback failed: %s", exc)

@@ -1,0 +1,59 @@
+"""Running a job kind's summary hook over the finished parts.
+
+The hook is called as ``fn(table: pa.Table, options: dict) -> dict`` (JSON-safe), with
+the rows of every done/skipped part but only the small columns (id, error,
+finish_reason, token counts, latency and the kind's extra columns): output text
+and passthrough fields are left out so a large job's summary fits in memory. Its
+result goes into the manifest under ``summary``; a failing hook is reported there
+and does not fail the job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from connectors import filesystem_for, part_url, with_retries
+from pipeline.hooks import load_hook
+from pipeline.output_schema import output_schema
+from pipeline.plan import JobPlan
+
+log = logging.getLogger(__name__)
+
+SUMMARY_COLUMNS = ("id", "error", "finish_reason", "prompt_tokens", "output_tokens", "cached_prompt_tokens", "latency_s")
+
+
+def read_small_columns(plan: JobPlan, indices: list[int]) -> pa.Table:
+    schema = output_schema(plan)
+    columns = [*SUMMARY_COLUMNS, *plan.extra_columns]
+    tables = []
+    for index in sorted(indices):
+        url = part_url(plan.output_url, index)
+        fs, path = filesystem_for(url, plan.storage_options)
+
+        def read(fs=fs, path=path) -> pa.Table:
+            with fs.open(path, "rb") as f:
+                return pq.read_table(f, columns=columns).replace_schema_metadata(None)
+
+        tables.append(with_retries(read, what=f"read {url}"))
+    if not tables:
+        return pa.schema([schema.field(c) for c in columns]).empty_table()
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def run_summary_hook(plan: JobPlan, results: list[dict[str, Any]]) -> Any:
+    if not plan.summary_hook:
+        return None
+    try:
+        fn = load_hook(plan.summary_hook)
+        table = read_small_columns(plan, [r["index"] for r in results if r["status"] in ("done", "skipped")])
+        summary = fn(table, dict(plan.hook_options))
+        json.dumps(summary)  # must be JSON-safe to go in the manifest
+        return summary
+    except Exception as exc:
+        log.exception("summary hook %s failed", plan.summary_hook)
+        return {"error": f"summary hook {plan.summary_hook} failed: {type(exc).__name__}: {exc}"}

@@ -1,0 +1,158 @@
+"""The fleet's Celery tasks: one task per shard, a chord callback that writes the manifest.
+
+A shard task is safe to run twice: a shard whose part is already current is skipped,
+so a redelivery after a worker died (or a duplicate delivery) costs one footer read.
+Shard-level problems come back as a ``failed`` ShardResult instead of an exception, so
+one bad shard never stops the chord: the manifest lists it with its reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+from connectors import ShardRef, write_manifest, write_success_marker
+from pipeline.celery_app import app
+from pipeline.engine_cache import get_engine, rebuild_engine
+from pipeline.job_state import JobStateStore
+from pipeline.manifest import build_manifest, utc_now
+from pipeline.plan import JobPlan
+from pipeline.shard_processor import ShardProcessor, ShardProgress
+from pipeline.shard_result import ShardResult
+from pipeline.summary import run_summary_hook
+
+log = logging.getLogger(__name__)
+
+MAX_TRANSIENT_RETRIES = 3
+
+
+def _worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _store() -> JobStateStore | None:
+    try:
+        store = JobStateStore()
+        store.redis.ping()
+        return store
+    except Exception as exc:  # progress reporting is best effort; the shard still runs
+        log.warning("job state store unavailable: %s", exc)
+        return None
+
+
+class _Reporter:
+    """Writes a shard's progress to the state store at most once a second (and at the end)."""
+
+    def __init__(self, store: JobStateStore | None, job_id: str, worker: str) -> None:
+        self.store, self.job_id, self.worker = store, job_id, worker
+        self.started_at = time.time()
+        self._last = 0.0
+
+    def __call__(self, p: ShardProgress) -> None:
+        now = time.monotonic()
+        final = p.state != "running"
+        if self.store is None or (not final and now - self._last < 1.0):
+            return
+        self._last = now
+        state = {
+            "state": p.state, "url": p.url, "rows_done": p.rows_done, "errors": p.errors,
+            "output_tokens": p.output_tokens, "prompt_tokens": p.prompt_tokens, "reason": p.reason,
+            "worker": self.worker, "started_at": self.started_at,
+        }
+        if final:
+            state["finished_at"] = time.time()
+        try:
+            self.store.set_shard(self.job_id, p.index, state)
+        except Exception as exc:
+            log.warning("cannot report progress of shard %d: %s", p.index, exc)
+
+
+def run_shard(plan: JobPlan, shard: ShardRef, store: JobStateStore | None, worker: str) -> dict[str, Any]:
+    """Process one shard in this worker; always returns a ShardResult dict."""
+    reporter = _Reporter(store, plan.job_id, worker)
+    if store is not None and store.is_cancelled(plan.job_id):
+        result = ShardResult(shard.index, shard.url, "cancelled", reason="job cancelled", worker=worker).to_dict()
+        reporter(ShardProgress(shard.index, shard.url, "cancelled", reason="job cancelled"))
+        return result
+    reporter(ShardProgress(shard.index, shard.url, "running"))
+    reporter._last = 0.0
+    try:
+        engine = get_engine(plan.engine)
+        processor = ShardProcessor(
+            engine, plan, on_progress=reporter, worker=worker,
+            should_stop=(lambda: store.is_cancelled(plan.job_id)) if store is not None else None,
+            engine_factory=lambda: rebuild_engine(plan.engine),
+        )
+    except Exception as exc:
+        log.exception("cannot start shard %d of job %s", shard.index, plan.job_id)
+        reason = f"cannot start: {type(exc).__name__}: {exc}"
+        reporter(ShardProgress(shard.index, shard.url, "failed", reason=reason))
+        return ShardResult(shard.index, shard.url, "failed", reason=reason, worker=worker).to_dict()
+    return processor.process_shard(shard)
+
+
+@app.task(name="tokenmill.process_shard", bind=True, max_retries=MAX_TRANSIENT_RETRIES)
+def process_shard(self, plan_dict: dict[str, Any], shard_dict: dict[str, Any]) -> dict[str, Any]:
+    """Process one shard; transient storage failures are retried, then reported as failed."""
+    plan, shard = JobPlan.from_dict(plan_dict), ShardRef.from_dict(shard_dict)
+    result = run_shard(plan, shard, _store(), _worker_name())
+    if result["status"] == "failed" and result["transient"] and self.request.retries < MAX_TRANSIENT_RETRIES:
+        log.warning("shard %d failed transiently, retrying: %s", shard.index, result["reason"])
+        raise self.retry(countdown=min(60, 5 * 2**self.request.retries))
+    return result
+
+
+def _finish_job(
+    plan: JobPlan, results: list[dict[str, Any]], status: str | None = None, error: str | None = None
+) -> dict[str, Any]:
+    store = _store()
+    meta = store.meta(plan.job_id) if store is not None else {}
+    submitted = meta.get("submitted_at") or time.time()
+    manifest = build_manifest(
+        plan, results, mode="celery",
+        started_at=meta.get("submitted_at_iso") or utc_now(),
+        elapsed_s=time.time() - submitted,
+        summary=run_summary_hook(plan, results) if status is None else None,
+    )
+    if status is not None:
+        manifest["status"], manifest["success_marker"], manifest["error"] = status, False, error
+    write_manifest(plan.output_url, manifest, plan.storage_options)
+    if manifest["success_marker"]:
+        write_success_marker(plan.output_url, plan.storage_options)
+    if store is not None:
+        store.set_meta(plan.job_id, status=manifest["status"], finished_at=time.time())
+    return manifest
+
+
+@app.task(name="tokenmill.finalize_job")
+def finalize_job(results: list[dict[str, Any]], plan_dict: dict[str, Any]) -> dict[str, Any]:
+    """Chord callback: write the manifest, and _SUCCESS if no shard failed or was cancelled."""
+    plan = JobPlan.from_dict(plan_dict)
+    by_index = {r["index"]: r for r in results if isinstance(r, dict)}  # one per shard, even if redelivered
+    manifest = _finish_job(plan, list(by_index.values()))
+    return {"job_id": plan.job_id, "status": manifest["status"], "totals": manifest["totals"]}
+
+
+@app.task(name="tokenmill.job_failed")
+def job_failed(request: Any, exc: BaseException, traceback: Any, plan_dict: dict[str, Any] | None = None) -> None:
+    """Errback of the chord: a shard task raised (a bug, not a bad shard). Writes a ``failed``
+    manifest from the shard states workers reported, so the output says what happened."""
+    if plan_dict is None:
+        return
+    plan = JobPlan.from_dict(plan_dict)
+    log.error("job %s failed: %s", plan.job_id, exc)
+    store = _store()
+    states = store.shards(plan.job_id) if store is not None else {}
+    results = []
+    for index, s in states.items():
+        status = s.get("state") if s.get("state") in ("done", "skipped", "failed", "cancelled") else "failed"
+        reason = s.get("reason") or (None if status != "failed" else f"job failed: {exc}")
+        results.append(ShardResult(
+            index, s.get("url", ""), status, rows=s.get("rows_done", 0), errors=s.get("errors", 0),
+            reason=reason, output_tokens=s.get("output_tokens", 0), prompt_tokens=s.get("prompt_tokens", 0),
+            worker=s.get("worker"),
+        ).to_dict())
+    _finish_job(plan, results, status="failed", error=f"{type(exc).__name__}: {exc}")

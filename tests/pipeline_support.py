@@ -1,0 +1,104 @@
+"""Input data and plans shared by the pipeline and fleet tests."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.plan import JobPlan, PromptPlan
+
+Put = Callable[[str, bytes], None]
+
+
+def tiny_engine(model_dir: Path, **overrides: Any) -> dict[str, Any]:
+    """Small, single-threaded engine settings: two processes share two cores in the fleet tests."""
+    return {"model": str(model_dir), "max_num_seqs": 8, "max_num_batched_tokens": 512, "num_kv_blocks": 512,
+            "num_threads": 1, **overrides}
+
+
+def make_plan(input_url: str, output_url: str, model_dir: Path, **overrides: Any) -> JobPlan:
+    values: dict[str, Any] = dict(
+        job_id="test-job", name="test", kind="summarize", input_url=input_url, output_url=output_url,
+        id_field="id", passthrough_fields=["lang"],
+        prompt=PromptPlan(system="Summarize the document in one sentence.", user_template="Document ({lang}): {text}"),
+        sampling={"max_tokens": 4, "temperature": 0.0, "ignore_eos": True},
+        engine=tiny_engine(model_dir),
+    )
+    values.update(overrides)
+    return JobPlan(**values)
+
+
+def local_put(root: Path) -> Put:
+    def put(name: str, data: bytes) -> None:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+
+    return put
+
+
+def jsonl_bytes(rows: list[Any]) -> bytes:
+    return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows).encode()
+
+
+def csv_bytes(header: list[str], rows: list[list[str]]) -> bytes:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(header)
+    writer.writerows(rows)
+    return buf.getvalue().encode()
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+def write_mixed_inputs(put: Put, prefix: str = "", n: int = 6) -> dict[str, list[str | None]]:
+    """One shard per format with good and bad rows; returns {file name: ids in input order}
+    (None where a bad row has no id; its output id is '<file>:<row>')."""
+    files: dict[str, list[str | None]] = {}
+    good = [{"id": f"j{i}", "text": f"jsonl document number {i}.", "lang": "en"} for i in range(n)]
+    jsonl_rows: list[Any] = [
+        *good,
+        "{not json",
+        {"id": "j-empty", "text": "", "lang": "en"},
+        {"id": "j-notext", "lang": "en"},
+        {"id": "j-nolang", "text": "a document without the lang field"},  # template field missing
+    ]
+    put(f"{prefix}a.jsonl", jsonl_bytes(jsonl_rows))
+    files["a.jsonl"] = [r["id"] for r in good] + [None, "j-empty", "j-notext", "j-nolang"]
+    csv_rows = [[f"c{i}", f"csv document {i}", "fr"] for i in range(n)] + [["c-short", "too few"]]
+    put(f"{prefix}b.csv", csv_bytes(["id", "text", "lang"], csv_rows))
+    files["b.csv"] = [r[0] for r in csv_rows]
+    ids = [f"p{i}" for i in range(n)]
+    table = pa.table({"id": ids, "text": [f"parquet document {i}" for i in range(n)], "lang": ["de"] * n})
+    put(f"{prefix}c.parquet", parquet_bytes(table))
+    files["c.parquet"] = list(ids)
+    return files
+
+
+def expected_ids(files: dict[str, list[str | None]]) -> list[str]:
+    out = []
+    for name, ids in files.items():
+        for row, rid in enumerate(ids):
+            out.append(rid if rid is not None else f"{name}:{row}")
+    return out
+
+
+def write_uniform_shards(put: Put, count: int, rows: int, prefix: str = "", words: int = 12) -> list[str]:
+    """``count`` JSONL shards of ``rows`` good rows each; returns all ids."""
+    ids = []
+    for s in range(count):
+        shard = [{"id": f"s{s}-r{r}", "text": " ".join(f"w{s}{r}{k}" for k in range(words)), "lang": "en"}
+                 for r in range(rows)]
+        put(f"{prefix}shard-{s:03d}.jsonl", jsonl_bytes(shard))
+        ids += [x["id"] for x in shard]
+    return ids

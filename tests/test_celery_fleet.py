@@ -1,0 +1,377 @@
+"""The Celery fleet for real: worker subprocesses on Redis and RabbitMQ, S3 on loopback,
+a worker killed with SIGKILL mid-shard, cancellation, idempotent redelivery.
+
+Every run uses its own queue name and Redis key prefix, so stale messages of other
+runs (or other fleets on the same Redis) are never seen, and the short visibility
+timeout used here cannot touch anybody else's unacknowledged messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from pipeline_support import (
+    expected_ids,
+    local_put,
+    make_plan,
+    tiny_engine,
+    write_mixed_inputs,
+    write_uniform_shards,
+)
+
+from connectors import list_shards, read_manifest, read_parts, success_marker_exists
+from pipeline.fleet import FINAL_STATES, cancel_job, job_status, submit_job, wait_for_job
+from pipeline.job_state import JobStateStore
+
+REPO = Path(__file__).resolve().parent.parent
+REDIS_BROKER = "redis://127.0.0.1:6379/0"
+RESULT_BACKEND = "redis://127.0.0.1:6379/1"
+RABBIT_BROKER = "amqp://guest:guest@127.0.0.1:5672//"
+WORKER_START_TIMEOUT = 180
+JOB_TIMEOUT = 300
+
+
+def _require(port: int, what: str) -> None:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError:
+        message = f"{what} is not reachable on 127.0.0.1:{port}"
+        if os.environ.get("CI"):
+            pytest.fail(message)  # never silently skipped in CI
+        pytest.skip(message)
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.25) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+@dataclass
+class Worker:
+    proc: subprocess.Popen
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+        return " ready." in self.log.read_text()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+
+@dataclass
+class Fleet:
+    broker_url: str
+    queue: str
+    env: dict[str, str]
+    logdir: Path
+    workers: list[Worker] = field(default_factory=list)
+
+    def start(self, count: int) -> None:
+        new = []
+        for _ in range(count):
+            log = self.logdir / f"worker-{len(self.workers) + len(new)}.log"
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "pipeline.worker", "--queues", self.queue, "--loglevel", "INFO"],
+                cwd=REPO, env=self.env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+            )
+            new.append(Worker(proc, log))
+        self.workers += new
+        for w in new:
+            wait_until(w.ready, WORKER_START_TIMEOUT, f"worker {w.pid} ready")
+
+    def alive(self) -> list[Worker]:
+        return [w for w in self.workers if w.proc.poll() is None]
+
+    def ensure(self, count: int) -> None:
+        missing = count - len(self.alive())
+        if missing > 0:
+            self.start(missing)
+
+    def by_pid(self, pid: int) -> Worker:
+        return next(w for w in self.workers if w.pid == pid)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {w.log.name} (pid {w.pid})\n{w.log.read_text()[-4000:]}" for w in self.workers)
+
+    def stop(self) -> None:
+        for w in self.workers:
+            try:
+                w.kill()
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+
+    def submit(self, plan) -> str:
+        return submit_job(plan, self.broker_url, result_backend=RESULT_BACKEND, queue=self.queue)
+
+
+def _fleet_env(broker_url: str, queue: str, prefix: str, extra: dict[str, str]) -> dict[str, str]:
+    return {
+        "TOKENMILL_BROKER_URL": broker_url,
+        "TOKENMILL_RESULT_BACKEND": RESULT_BACKEND,
+        "TOKENMILL_QUEUE": queue,
+        "TOKENMILL_REDIS_KEY_PREFIX": prefix,
+        "TOKENMILL_VISIBILITY_TIMEOUT": "10",  # shards here take a few seconds
+        "TOKENMILL_RESTORE_INTERVAL": "1",  # sweep for expired unacked messages every second
+        "TOKENMILL_RESTORE_THROTTLE": "1",
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def s3_env(s3_server) -> dict[str, str]:
+    """How workers reach the loopback S3: endpoint and credentials from the environment only."""
+    return {
+        "TOKENMILL_S3_ENDPOINT_URL": s3_server.endpoint_url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+
+
+def _make_fleet(broker_url: str, tmp_path_factory, model_dir: Path, extra: dict[str, str]) -> Iterator[Fleet]:
+    run = uuid.uuid4().hex[:10]
+    queue, prefix = f"tm-test-{run}", f"tm-test-{run}:"
+    # workers build and warm the engine before reporting ready, so no shard pays for it
+    preload = {"TOKENMILL_PRELOAD_ENGINE": json.dumps(tiny_engine(model_dir))}
+    fleet_env = _fleet_env(broker_url, queue, prefix, {**preload, **extra})
+    fleet = Fleet(broker_url, queue, {**os.environ, **fleet_env}, tmp_path_factory.mktemp(f"fleet-{run}"))
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in fleet_env.items():  # the test process submits and polls with the same settings
+            mp.setenv(key, value)
+        try:
+            yield fleet
+        finally:
+            fleet.stop()
+            r = redis.Redis.from_url(REDIS_BROKER)
+            for key in r.scan_iter(f"{prefix}*"):
+                r.delete(key)
+            if broker_url.startswith("amqp"):
+                from kombu import Connection
+
+                with Connection(broker_url) as conn:
+                    channel = conn.channel()
+                    channel.queue_delete(queue)
+                    channel.exchange_delete(queue)
+
+
+@pytest.fixture(scope="module")
+def redis_fleet(tmp_path_factory, s3_env, tiny_model_dir) -> Iterator[Fleet]:
+    _require(6379, "Redis")
+    yield from _make_fleet(REDIS_BROKER, tmp_path_factory, tiny_model_dir, s3_env)
+
+
+@pytest.fixture(scope="module")
+def rabbit_fleet(tmp_path_factory, tiny_model_dir) -> Iterator[Fleet]:
+    _require(6379, "Redis")
+    _require(5672, "RabbitMQ")
+    yield from _make_fleet(RABBIT_BROKER, tmp_path_factory, tiny_model_dir, {})
+
+
+_JOB_IDS: list[str] = []
+
+
+def _job_id(tag: str) -> str:
+    job_id = f"test-{tag}-{uuid.uuid4().hex[:8]}"
+    _JOB_IDS.append(job_id)
+    return job_id
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forget_job_state() -> Iterator[None]:
+    yield
+    try:
+        r = redis.Redis.from_url(RESULT_BACKEND)
+        for job_id in _JOB_IDS:
+            r.delete(*(f"tokenmill:job:{job_id}:{what}" for what in ("meta", "shards", "cancel")))
+    except redis.RedisError:
+        pass
+
+
+def _wait(fleet: Fleet, job_id: str) -> dict[str, Any]:
+    try:
+        return wait_for_job(job_id, JOB_TIMEOUT, poll_s=0.5)
+    except TimeoutError:
+        raise AssertionError(f"job {job_id} did not finish: {job_status(job_id)}\n{fleet.logs()}") from None
+
+
+def _running_shard(job_id: str) -> dict[str, Any] | None:
+    """A shard a worker reports running with some rows already done."""
+    for shard in job_status(job_id)["shards"]:
+        if shard["state"] == "running" and shard["rows_done"] > 0:
+            return shard
+    return None
+
+
+# ---- end to end on Redis + S3 ---------------------------------------------------------------
+
+
+def test_end_to_end_redis_s3_two_workers(redis_fleet, s3_server, s3_bucket, tiny_model_dir) -> None:
+    redis_fleet.ensure(2)
+    s3 = s3_server.client()
+
+    def put(name: str, data: bytes) -> None:
+        s3.put_object(Bucket=s3_bucket, Key=f"in/{name}", Body=data)
+
+    files = write_mixed_inputs(put)
+    uniform = write_uniform_shards(put, count=4, rows=5)
+    put("corrupt.parquet", b"PAR1 but not really parquet")
+    put("zz-missing.jsonl", b'{"id": "gone", "text": "deleted after listing", "lang": "en"}\n')
+    plan = make_plan(f"s3://{s3_bucket}/in/", f"s3://{s3_bucket}/out", tiny_model_dir, job_id=_job_id("e2e"))
+    assert len(list_shards(plan.input_url)) == 9  # endpoint from $TOKENMILL_S3_ENDPOINT_URL, no storage_options
+
+    job_id = redis_fleet.submit(plan)
+    s3.delete_object(Bucket=s3_bucket, Key="in/zz-missing.jsonl")  # listed, then gone: an unreadable shard
+    seen = set()
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while (status := job_status(job_id))["status"] not in FINAL_STATES:
+        seen.add(status["status"])
+        assert time.monotonic() < deadline, f"job stuck: {status}\n{redis_fleet.logs()}"
+        time.sleep(0.3)
+    assert seen & {"queued", "running", "finalizing"}  # state was readable while the job ran
+
+    assert status["status"] == "completed_with_errors", redis_fleet.logs()
+    failed = {s["url"].rsplit("/", 1)[1]: s["reason"] for s in status["shards"] if s["state"] == "failed"}
+    assert set(failed) == {"corrupt.parquet", "zz-missing.jsonl"}
+    assert "no such file" in failed["zz-missing.jsonl"]
+
+    output = read_parts(plan.output_url, storage_options=s3_server.storage_options)
+    ids = output.column("id").to_pylist()
+    assert sorted(ids) == sorted(expected_ids(files) + uniform)  # every readable input row, once
+    assert len(ids) == len(set(ids))
+
+    manifest = read_manifest(plan.output_url, storage_options=s3_server.storage_options)
+    assert manifest["status"] == "completed_with_errors" and manifest["mode"] == "celery"
+    bad = {s["url"].rsplit("/", 1)[1]: s for s in manifest["shards"] if s["status"] == "failed"}
+    assert set(bad) == {"corrupt.parquet", "zz-missing.jsonl"} and all(s["reason"] for s in bad.values())
+    assert manifest["totals"]["rows"] == len(ids) and manifest["totals"]["shards_done"] == 7
+    assert not success_marker_exists(plan.output_url, storage_options=s3_server.storage_options)
+    assert len(manifest["engine_stats"]["workers"]) == 2  # both workers took shards
+
+
+# ---- cancellation ---------------------------------------------------------------------------
+
+
+def test_cancel_job(redis_fleet, tmp_path, tiny_model_dir) -> None:
+    redis_fleet.ensure(2)
+    inp = tmp_path / "in"
+    write_uniform_shards(local_put(inp), count=6, rows=40)
+    plan = make_plan(str(inp), str(tmp_path / "out"), tiny_model_dir, job_id=_job_id("cancel"),
+                     sampling={"max_tokens": 32, "temperature": 0.0, "ignore_eos": True})
+    job_id = redis_fleet.submit(plan)
+    wait_until(lambda: _running_shard(job_id), 120, "a running shard")
+    cancel_job(job_id)
+    status = _wait(redis_fleet, job_id)
+    assert status["status"] == "cancelled"
+    states = [s["state"] for s in status["shards"]]
+    assert "cancelled" in states and "queued" not in states and "running" not in states
+    manifest = read_manifest(plan.output_url)
+    assert manifest["status"] == "cancelled"
+    assert not success_marker_exists(plan.output_url)
+    done = [s["index"] for s in manifest["shards"] if s["status"] == "done"]
+    assert sorted(int(p.name[5:10]) for p in (tmp_path / "out").glob("part-*.parquet")) == done
+
+
+# ---- a worker killed mid-shard --------------------------------------------------------------
+
+
+def _kill_mid_shard(fleet: Fleet, tmp_path: Path, tiny_model_dir: Path, tag: str) -> None:
+    fleet.ensure(2)
+    inp = tmp_path / "in"
+    ids = write_uniform_shards(local_put(inp), count=4, rows=64)
+    plan = make_plan(str(inp), str(tmp_path / "out"), tiny_model_dir, job_id=_job_id(tag),
+                     sampling={"max_tokens": 48, "temperature": 0.0, "ignore_eos": True})
+    job_id = fleet.submit(plan)
+    victim_shard = wait_until(lambda: _running_shard(job_id), 180, "a shard running on a worker")
+    victim = fleet.by_pid(int(victim_shard["worker"].rsplit(":", 1)[1]))
+    victim.kill()  # SIGKILL: no chance to ack, reject or clean up
+
+    status = _wait(fleet, job_id)
+    assert status["status"] == "succeeded", fleet.logs()
+    output = read_parts(plan.output_url).column("id").to_pylist()
+    assert sorted(output) == sorted(ids) and len(output) == len(set(output))  # every id exactly once
+    manifest = read_manifest(plan.output_url)
+    redone = manifest["shards"][victim_shard["index"]]
+    assert redone["status"] == "done" and redone["worker"] != victim_shard["worker"]
+    assert success_marker_exists(plan.output_url)
+
+
+def test_killed_worker_shard_is_redelivered_redis(redis_fleet, tmp_path, tiny_model_dir) -> None:
+    """Redis: the dead worker's unacked shard comes back after the visibility timeout (10 s here)."""
+    _kill_mid_shard(redis_fleet, tmp_path, tiny_model_dir, "kill-redis")
+
+
+def test_killed_worker_shard_is_redelivered_rabbitmq(rabbit_fleet, tmp_path, tiny_model_dir) -> None:
+    """RabbitMQ: the connection closes with the process and the shard is requeued at once."""
+    _kill_mid_shard(rabbit_fleet, tmp_path, tiny_model_dir, "kill-rabbit")
+
+
+# ---- in-process task calls ------------------------------------------------------------------
+
+
+def test_redelivery_of_a_committed_shard_is_a_noop(tmp_path, tiny_model_dir) -> None:
+    _require(6379, "Redis")
+    from pipeline.tasks import process_shard
+
+    inp, out = tmp_path / "in", tmp_path / "out"
+    ids = write_uniform_shards(local_put(inp), count=1, rows=4)
+    plan = make_plan(str(inp), str(out), tiny_model_dir, job_id=_job_id("noop"))
+    (shard,) = list_shards(plan.input_url)
+    JobStateStore().init_job(plan.job_id, {"name": plan.name}, [shard.to_dict()])
+
+    first = process_shard(plan.to_dict(), shard.to_dict())
+    part = out / "part-00000.parquet"
+    stamp = part.stat().st_mtime_ns
+    second = process_shard(plan.to_dict(), shard.to_dict())
+    assert first["status"] == "done" and second["status"] == "skipped"
+    assert part.stat().st_mtime_ns == stamp
+    assert second["rows"] == first["rows"] == len(ids)
+    assert second["output_tokens"] == first["output_tokens"]
+    assert sorted(read_parts(plan.output_url).column("id").to_pylist()) == sorted(ids)
+
+
+def test_cancelled_job_skips_queued_shards_and_errback_writes_failed_manifest(tmp_path, tiny_model_dir) -> None:
+    _require(6379, "Redis")
+    from pipeline.tasks import finalize_job, job_failed, process_shard
+
+    inp, out = tmp_path / "in", tmp_path / "out"
+    write_uniform_shards(local_put(inp), count=2, rows=2)
+    plan = make_plan(str(inp), str(out), tiny_model_dir, job_id=_job_id("flags"))
+    shards = list_shards(plan.input_url)
+    store = JobStateStore()
+    store.init_job(plan.job_id, {"name": plan.name, "submitted_at": time.time()}, [s.to_dict() for s in shards])
+    store.cancel(plan.job_id)
+    results = [process_shard(plan.to_dict(), s.to_dict()) for s in shards]
+    assert [r["status"] for r in results] == ["cancelled", "cancelled"]
+    assert finalize_job(results, plan.to_dict())["status"] == "cancelled"
+    assert job_status(plan.job_id)["status"] == "cancelled"
+
+    job_failed(None, RuntimeError("boom"), None, plan_dict=plan.to_dict())
+    manifest = read_manifest(plan.output_url)
+    assert manifest["status"] == "failed" and "boom" in manifest["error"]
+    assert not success_marker_exists(plan.output_url)

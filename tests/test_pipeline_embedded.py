@@ -1,0 +1,232 @@
+"""Embedded mode on local files with the tiny model: rows in == rows out, parts, manifest,
+hooks, engine faults, cross-shard feeding, truncation and OpenAI batch output."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from pipeline_support import (
+    expected_ids,
+    local_put,
+    make_plan,
+    tiny_engine,
+    write_mixed_inputs,
+    write_uniform_shards,
+)
+
+from connectors import list_shards, read_manifest, read_parts, success_marker_exists
+from pipeline.engine_cache import get_engine
+from pipeline.hooks import HookError
+from pipeline.job_runner import run_embedded
+from pipeline.shard_processor import ShardProcessor
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    (tmp_path / "in").mkdir()
+    return tmp_path / "in", tmp_path / "out"
+
+
+def test_three_formats_with_bad_rows(dirs, tiny_model_dir) -> None:
+    inp, out = dirs
+    files = write_mixed_inputs(local_put(inp))
+    plan = make_plan(inp.as_uri(), out.as_uri(), tiny_model_dir)
+    manifest = run_embedded(plan, progress=False)
+
+    table = read_parts(plan.output_url)
+    ids = table.column("id").to_pylist()
+    assert sorted(ids) == sorted(expected_ids(files))  # rows in == rows out, ids kept
+    assert len(set(ids)) == len(ids)
+    rows = {r["id"]: r for r in table.to_pylist()}
+    errors = {i: r["error"] for i, r in rows.items() if r["error"]}
+    assert set(errors) == {"a.jsonl:6", "j-empty", "j-notext", "j-nolang", "c-short"}
+    assert "malformed JSON" in errors["a.jsonl:6"]
+    assert "empty document" in errors["j-empty"]
+    assert "missing text field 'text'" in errors["j-notext"]
+    assert errors["j-nolang"] == "row 9: template field 'lang' missing"
+    assert "expected 3 columns" in errors["c-short"]
+    for r in rows.values():
+        if not r["error"]:
+            assert r["output_tokens"] == 4 and r["finish_reason"] == "length" and r["prompt_tokens"] > 0
+    assert rows["c0"]["lang"] == "fr"
+
+    # one part per shard, rows in input order inside each part
+    for shard in list_shards(plan.input_url):
+        part = pq.read_table(out / f"part-{shard.index:05d}.parquet")
+        name = shard.url.rsplit("/", 1)[1]
+        assert part.column("id").to_pylist() == expected_ids({name: files[name]})
+
+    assert manifest["status"] == "succeeded"
+    assert manifest["totals"]["rows"] == len(ids) and manifest["totals"]["errors"] == 5
+    assert [s["status"] for s in manifest["shards"]] == ["done"] * 3
+    assert manifest["engine_stats"]["prefix_cache_hit_tokens"] > 0  # the shared instruction prefix
+    assert read_manifest(plan.output_url) == manifest
+    assert success_marker_exists(plan.output_url)
+    assert "storage_options" not in json.dumps(manifest)
+
+    # a re-run skips every current part and still reports the counts
+    mtimes = {p.name: p.stat().st_mtime_ns for p in out.glob("part-*.parquet")}
+    again = run_embedded(plan, progress=False)
+    assert [s["status"] for s in again["shards"]] == ["skipped"] * 3
+    assert again["totals"]["rows"] == manifest["totals"]["rows"]
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("part-*.parquet")} == mtimes
+
+
+def test_unreadable_shard_fails_alone(dirs, tiny_model_dir) -> None:
+    inp, out = dirs
+    ids = write_uniform_shards(local_put(inp), count=2, rows=3)
+    (inp / "broken.parquet").write_bytes(b"this is not parquet at all")
+    plan = make_plan(str(inp), str(out), tiny_model_dir)
+    manifest = run_embedded(plan, progress=False)
+    by_name = {s["url"].rsplit("/", 1)[1]: s for s in manifest["shards"]}
+    assert by_name["broken.parquet"]["status"] == "failed"
+    assert "cannot read shard" in by_name["broken.parquet"]["reason"]
+    assert manifest["status"] == "completed_with_errors"
+    assert not success_marker_exists(plan.output_url)
+    assert not (out / f"part-{by_name['broken.parquet']['index']:05d}.parquet").exists()
+    assert sorted(read_parts(plan.output_url).column("id").to_pylist()) == sorted(ids)
+
+
+@pytest.fixture
+def hook_module(monkeypatch):
+    """A throwaway module inside the jobs package, as a job kind would provide."""
+    module = types.ModuleType("jobs._test_pipeline_hooks")
+    calls = []
+
+    def score(row, fields, options):
+        calls.append(row["id"])
+        if row["id"] == "s0-r1":
+            raise RuntimeError("scorer exploded")
+        return {"score": float(len(row["output"] or "")) * options["scale"], "ok": row["error"] is None,
+                "ignored": "not a declared column"}
+
+    def summarize(table, options):
+        return {"rows": table.num_rows, "mean_score": sum(x or 0 for x in table.column("score").to_pylist())}
+
+    module.score, module.summarize, module.calls = score, summarize, calls
+    monkeypatch.setitem(sys.modules, "jobs._test_pipeline_hooks", module)
+    return module
+
+
+def test_row_hook_extra_columns_and_summary(dirs, tiny_model_dir, hook_module) -> None:
+    inp, out = dirs
+    ids = write_uniform_shards(local_put(inp), count=2, rows=3)
+    plan = make_plan(
+        str(inp), str(out), tiny_model_dir, row_hook="jobs._test_pipeline_hooks:score",
+        summary_hook="jobs._test_pipeline_hooks:summarize", hook_options={"scale": 2.0},
+        extra_columns={"score": "float64", "ok": "bool"},
+    )
+    manifest = run_embedded(plan, progress=False)
+    table = read_parts(plan.output_url)
+    assert sorted(table.column("id").to_pylist()) == sorted(ids) == sorted(hook_module.calls)
+    rows = {r["id"]: r for r in table.to_pylist()}
+    assert "ignored" not in table.column_names
+    assert rows["s0-r1"]["error"].startswith("row 1: row hook jobs._test_pipeline_hooks:score failed: RuntimeError")
+    assert rows["s0-r1"]["score"] is None
+    assert rows["s1-r0"]["ok"] is True and rows["s1-r0"]["score"] > 0
+    assert manifest["summary"]["rows"] == len(ids)
+    assert manifest["totals"]["errors"] == 1
+
+
+def test_hooks_outside_jobs_are_rejected(dirs, tiny_model_dir) -> None:
+    inp, out = dirs
+    plan = make_plan(str(inp), str(out), tiny_model_dir, row_hook="os:system")
+    with pytest.raises(HookError):
+        ShardProcessor(get_engine(plan.engine), plan)
+
+
+def test_engine_fault_fails_rows_in_flight_and_keeps_serving(dirs, tiny_model_dir, monkeypatch) -> None:
+    inp, out = dirs
+    ids = write_uniform_shards(local_put(inp), count=2, rows=10)
+    plan = make_plan(str(inp), str(out), tiny_model_dir)
+    engine = get_engine(plan.engine)
+    real_step, calls = engine.step, {"n": 0}
+
+    def flaky_step():
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("simulated kernel crash")
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", flaky_step)
+    results = list(ShardProcessor(engine, plan).run(list_shards(plan.input_url)))
+    assert [r["status"] for r in results] == ["done", "done"]
+    table = read_parts(plan.output_url)
+    assert sorted(table.column("id").to_pylist()) == sorted(ids)
+    errors = [e for e in table.column("error").to_pylist() if e]
+    assert errors and all("engine step failed: RuntimeError: simulated kernel crash" in e for e in errors)
+    assert len(errors) < len(ids)  # rows admitted after the fault were served
+    assert not engine.has_unfinished()
+
+
+def test_cross_shard_feeding_overlaps_shards(dirs, tiny_model_dir) -> None:
+    """The next shard's rows enter the engine while the previous shard still decodes;
+    with cross_shard=False the engine drains first."""
+    inp, out = dirs
+    write_uniform_shards(local_put(inp), count=4, rows=5)
+    plan = make_plan(str(inp), str(out), tiny_model_dir, sampling={"max_tokens": 6, "temperature": 0.0,
+                                                                    "ignore_eos": True})
+    shards = list_shards(plan.input_url)
+    engine = get_engine(plan.engine)
+
+    def overlap(cross: bool, output: Path) -> int:
+        plan.output_url = str(output)
+        events: list[tuple[int, str]] = []
+        processor = ShardProcessor(engine, plan, cross_shard=cross,
+                                   on_progress=lambda p: events.append((p.index, p.state)))
+        results = list(processor.run(shards))
+        assert [r["status"] for r in results] == ["done"] * 4
+        starts = [events.index((i, "running")) for i in range(4)]
+        ends = [events.index((i, "done")) for i in range(4)]
+        return sum(starts[i + 1] < ends[i] for i in range(3))
+
+    assert overlap(True, out / "cross") == 3
+    assert overlap(False, out / "drain") == 0
+
+
+def test_truncate_prompt(dirs, tiny_model_dir) -> None:
+    inp, out = dirs
+    long_text = " ".join(f"word{i}" for i in range(400))
+    local_put(inp)("long.jsonl", (json.dumps({"id": "long", "text": long_text, "lang": "en"}) + "\n").encode())
+    engine = tiny_engine(tiny_model_dir, max_model_len=256)
+    strict = make_plan(str(inp), str(out / "strict"), tiny_model_dir, engine=engine)
+    run_embedded(strict, progress=False)
+    (row,) = read_parts(strict.output_url).to_pylist()
+    assert row["error"].startswith("row 0: prompt is") and "context is 256 tokens" in row["error"]
+
+    cut = make_plan(str(inp), str(out / "cut"), tiny_model_dir, engine=engine, truncate_prompt=True)
+    run_embedded(cut, progress=False)
+    (row,) = read_parts(cut.output_url).to_pylist()
+    assert row["error"] is None and 128 <= row["prompt_tokens"] < 256 and row["output_tokens"] == 4
+
+
+def test_openai_output_lines(dirs, tiny_model_dir) -> None:
+    inp, out = dirs
+    files = write_mixed_inputs(local_put(inp), n=2)
+    plan = make_plan(str(inp), str(out), tiny_model_dir, openai_output=True)
+    run_embedded(plan, progress=False)
+    lines = [json.loads(x) for p in sorted(out.glob("part-*.jsonl")) for x in p.read_text().splitlines()]
+    assert [x["custom_id"] for x in lines] == expected_ids(files)
+    ok = next(x for x in lines if x["custom_id"] == "j0")
+    body = ok["response"]["body"]
+    assert ok["error"] is None and ok["response"]["status_code"] == 200
+    assert body["object"] == "chat.completion" and body["choices"][0]["message"]["role"] == "assistant"
+    assert body["usage"]["completion_tokens"] == 4
+    bad = next(x for x in lines if x["custom_id"] == "j-empty")
+    assert bad["response"] is None and "empty document" in bad["error"]["message"]
+
+
+def test_cancel_stops_embedded_run(dirs, tiny_model_dir) -> None:
+    inp, out = dirs
+    write_uniform_shards(local_put(inp), count=3, rows=4)
+    plan = make_plan(str(inp), str(out), tiny_model_dir)
+    manifest = run_embedded(plan, progress=False, should_stop=lambda: True)
+    assert manifest["status"] == "cancelled"
+    assert {s["status"] for s in manifest["shards"]} == {"cancelled"}
+    assert not success_marker_exists(plan.output_url)
+    assert not list(out.glob("part-*.parquet"))
