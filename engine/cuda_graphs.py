@@ -92,8 +92,14 @@ class DecodeGraphs:
         )
 
     @torch.inference_mode()
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """Logits of a pure-decode step of ``meta.num_seqs`` sequences."""
+    def run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits of the sampling rows of a step whose every sequence has one query token.
+
+        Such a step can hold a one-token prefill chunk that does not sample yet, so the rows
+        are picked by ``logits_indices`` exactly as in the eager forward."""
         b = meta.num_seqs
         size = next(s for s in self.batch_sizes if s >= b)
         self.steps += 1
@@ -110,5 +116,5 @@ class DecodeGraphs:
         self.block_tables[:b, width:].zero_()
         if self.capture:
             self.graphs[size].replay()
-            return self.outputs[size][:b]
-        return self._forward(size)[:b]
+            return self.outputs[size][logits_indices]
+        return self._forward(size)[logits_indices]

@@ -84,8 +84,6 @@ class ModelRunner:
         """Run one forward pass; return the sequences that sample and their logits (float32, CPU)."""
         input_ids, positions, meta, logits_indices, sample_seqs = self.prepare(items)
         if self.decode_graphs is not None and self.decode_graphs.can_run(meta):
-            return sample_seqs, self.decode_graphs.run(input_ids, positions, meta).cpu()
-        if not sample_seqs:
-            logits_indices = logits_indices[:0]
+            return sample_seqs, self.decode_graphs.run(input_ids, positions, meta, logits_indices).cpu()
         logits = self.model(input_ids, positions, meta, logits_indices)
         return sample_seqs, logits.cpu()

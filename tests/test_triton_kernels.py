@@ -84,20 +84,33 @@ def make_meta(
     )
 
 
-def to_layout(canonical: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
-    """A copy of a ``[blocks, block_size, kv_heads, head_dim]`` pool in ``backend``'s layout."""
-    nb, bs, h, d = canonical.shape
-    shape = tuple(backend.kv_cache_shape(nb, bs, h, d))
-    if shape == (nb, bs, h, d):
-        return canonical.clone()
-    if shape == (nb, h, bs, d):
-        return canonical.transpose(1, 2).contiguous()
+# Each backend layout as a permutation of the canonical [blocks, block_size, kv_heads, head_dim].
+LAYOUT_PERMUTATIONS = {
+    "blocks, block_size, heads, dim": (0, 1, 2, 3),  # triton
+    "blocks, heads, block_size, dim": (0, 2, 1, 3),
+    "heads, blocks, block_size, dim": (2, 0, 1, 3),  # torch
+}
+
+
+def layout_permutation(backend: AttentionBackend) -> tuple[int, ...]:
+    """Found by asking the backend for a shape whose four sizes all differ, so none is ambiguous."""
+    canonical = (5, BLOCK_SIZE, 3, 64)
+    shape = tuple(backend.kv_cache_shape(*canonical))
+    for perm in LAYOUT_PERMUTATIONS.values():
+        if tuple(canonical[i] for i in perm) == shape:
+            return perm
     raise NotImplementedError(f"test helper does not know layout {shape}")
 
 
-def from_layout(pool: torch.Tensor, canonical_shape: torch.Size) -> torch.Tensor:
-    """The inverse of ``to_layout`` (a view)."""
-    return pool if pool.shape == canonical_shape else pool.transpose(1, 2)
+def to_layout(canonical: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
+    """A copy of a ``[blocks, block_size, kv_heads, head_dim]`` pool in ``backend``'s layout."""
+    return canonical.permute(layout_permutation(backend)).clone(memory_format=torch.contiguous_format)
+
+
+def from_layout(pool: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
+    """The inverse of ``to_layout`` (a view in the canonical layout)."""
+    perm = layout_permutation(backend)
+    return pool.permute([perm.index(i) for i in range(4)])
 
 
 def random_pool(num_blocks: int, num_kv_heads: int, head_dim: int, dtype, gen) -> torch.Tensor:
@@ -131,7 +144,7 @@ def check_step(
     for backend in (TorchAttentionBackend(), triton_backend or TritonAttentionBackend()):
         kc, vc = to_layout(k_pool, backend), to_layout(v_pool, backend)
         out = run_step(backend, q, k, v, kc, vc, meta, scale)
-        results.append((out, from_layout(kc, k_pool.shape), from_layout(vc, v_pool.shape)))
+        results.append((out, from_layout(kc, backend), from_layout(vc, backend)))
     (expected, k_ref, v_ref), (got, k_got, v_got) = results
 
     assert torch.equal(k_got, k_ref) and torch.equal(v_got, v_ref)
@@ -219,12 +232,12 @@ def test_padded_decode_rows_are_inert() -> None:
     backend = TritonAttentionBackend()
     kc, vc = to_layout(k_pool, backend), to_layout(v_pool, backend)
     got = run_step(backend, q, k, v, kc, vc, meta, 0.125)
-    changed = [(from_layout(c, p.shape) != p).sum() for c, p in ((kc, k_pool), (vc, v_pool))]
+    changed = [(from_layout(c, backend) != p).sum() for c, p in ((kc, k_pool), (vc, v_pool))]
     assert changed == [64, 64]  # only row 0's slot
     assert torch.equal(got[1], torch.zeros_like(got[1]))
 
     ref, ref_meta = TorchAttentionBackend(), make_meta([(20, 1)], 1, 6, torch.Generator().manual_seed(9))
-    kc, vc = (to_layout(from_layout(c, k_pool.shape), ref) for c in (kc, vc))
+    kc, vc = (to_layout(from_layout(c, backend), ref) for c in (kc, vc))
     expected = ref.attend(q[:1], k[:1], v[:1], kc, vc, ref_meta, 0.125)
     torch.testing.assert_close(got[:1], expected, **TOL[torch.float32])
 
@@ -257,16 +270,19 @@ def test_triton_backend_matches_torch_whole_model(tmp_path) -> None:
     assert outputs["triton"] == outputs["torch"]
 
 
-def test_padded_decode_graph_buffers_match_the_eager_step(tiny_model_dir):
+@pytest.mark.parametrize("token_budget", [2048, 2])
+def test_padded_decode_graph_buffers_match_the_eager_step(tiny_model_dir, token_budget):
     """The CUDA-graph decode path (static buffers, padded batch, slot -1, length 0) run
-    eagerly under the interpreter gives the same tokens as the plain step."""
+    eagerly under the interpreter gives the same tokens as the plain step. A budget of 2
+    tokens makes steps of one decode plus a one-token prefill chunk that does not sample."""
     from engine import LLMEngine, SamplingParams
     from engine.config import EngineConfig
     from engine.cuda_graphs import DecodeGraphs
 
     def run(with_graph_buffers: bool) -> list[list[int]]:
         engine = LLMEngine(EngineConfig(model=str(tiny_model_dir), attention_backend="triton", device="cpu",
-                                        num_kv_blocks=64, max_model_len=128, max_num_seqs=3))
+                                        num_kv_blocks=64, max_model_len=128, max_num_seqs=3,
+                                        max_num_batched_tokens=token_budget))
         if with_graph_buffers:
             engine.runner.decode_graphs = DecodeGraphs(
                 engine.runner.model, 16, engine.max_model_len, 3, "cpu", capture=False, batch_sizes=(2, 3)

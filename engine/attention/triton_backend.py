@@ -1,6 +1,6 @@
 """CUDA attention: Triton kernels that read the paged KV pool through the block tables.
 
-``attend`` makes at most three launches per layer and step, none of them looping over
+``write_kv`` is one launch and ``attend`` at most three per layer and step, none of them looping over
 sequences in Python: the decode kernel for the first ``num_decodes`` sequences (plus a small
 reduction when the context is split across programs) and the extend kernel for the prefill
 chunks. Nothing here gathers or copies the pool with torch ops.
@@ -89,7 +89,7 @@ class TritonAttentionBackend(AttentionBackend):
             return
         _check_pool(k_cache, v_cache, meta)
         num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-        assert key.stride(2) == 1 and value.stride(2) == 1, "head_dim must be the innermost, dense axis"
+        key, value = _dense_last(key), _dense_last(value)
         _on_device(K.write_kv_kernel, key.device)[(num_tokens,)](
             key, value, k_cache, v_cache, meta.slot_mapping,
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
@@ -107,7 +107,7 @@ class TritonAttentionBackend(AttentionBackend):
             raise ValueError(f"head_dim {head_dim} must match the cache and be a power of two >= 16")
         if num_heads % num_kv_heads:
             raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} KV heads")
-        assert query.stride(2) == 1, "head_dim must be the innermost, dense axis"
+        query = _dense_last(query)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         nd = meta.num_decodes
         if nd:
@@ -170,6 +170,12 @@ class TritonAttentionBackend(AttentionBackend):
             GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size, BLOCK_M=block_m, BLOCK_N=block_n,
             DOT_DTYPE=_dot_dtype(kernel, query.dtype), num_warps=4,
         )
+
+
+def _dense_last(x: torch.Tensor) -> torch.Tensor:
+    """The kernels take strides for tokens and heads but need ``head_dim`` dense. A projection
+    can hand over a transposed view (the CPU few-row ``Linear``); copy only then."""
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _check_pool(k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> None:
