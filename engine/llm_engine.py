@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 import random
 from typing import Any
 
@@ -14,6 +13,7 @@ from engine.attention import get_backend
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
+from engine.host import tune_for_cpu
 from engine.kv_cache import allocate_kv_pool, blocks_from_budget, blocks_from_cuda_memory, bytes_per_block
 from engine.model_loader import load_config, load_model
 from engine.model_registry import resolve_model
@@ -37,7 +37,7 @@ class LLMEngine:
         device = config.resolved_device()
         self.device = device
         if device == "cpu":
-            torch.set_num_threads(config.num_threads or len(os.sched_getaffinity(0)))
+            tune_for_cpu(config.num_threads)
         hf_config = load_config(self.model_dir)
         self.max_model_len = min(
             config.max_model_len or hf_config.max_position_embeddings, hf_config.max_position_embeddings
@@ -56,7 +56,7 @@ class LLMEngine:
         num_blocks = config.num_kv_blocks
         if num_blocks is None:
             if device.startswith("cuda"):
-                num_blocks = self._profile_cuda_blocks(m, backend, per_block)
+                num_blocks = self._profile_cuda_blocks(m, backend, kv_dtype, per_block)
             else:
                 num_blocks = blocks_from_budget(config.kv_cache_memory_gb * 2**30, per_block)
         self.num_kv_blocks = num_blocks
@@ -105,27 +105,42 @@ class LLMEngine:
             ids.add(self.tokenizer.eos_token_id)
         return ids
 
-    def _profile_cuda_blocks(self, model, backend, per_block: int) -> int:
-        """Run one step at the full token budget on a throwaway pool to find the activation peak."""
+    def _profile_cuda_blocks(self, model, backend, kv_dtype: torch.dtype, per_block: int) -> int:
+        """Run one step at the full token budget on a throwaway pool to find the activation peak.
+
+        The budget is split into sequences no longer than the context (the rotary table ends
+        there), and the probe pool's own bytes are taken out of the peak: the real pool is
+        what is being sized.
+        """
         dev = torch.device(self.device)
         cfg = self.config
-        probe_blocks = -(-cfg.max_num_batched_tokens // cfg.block_size)
+        bs = cfg.block_size
+        lengths = []
+        left = cfg.max_num_batched_tokens
+        while left > 0:
+            lengths.append(min(left, self.max_model_len))
+            left -= lengths[-1]
         hf = model.config
+        probe_blocks = sum(-(-n // bs) for n in lengths)
         probe_pool = allocate_kv_pool(
             hf.num_hidden_layers,
-            backend.kv_cache_shape(probe_blocks, cfg.block_size, hf.num_key_value_heads, model.head_dim),
-            cfg.torch_dtype, dev,
+            backend.kv_cache_shape(probe_blocks, bs, hf.num_key_value_heads, model.head_dim),
+            kv_dtype, dev,
         )
-        runner = ModelRunner(model, backend, probe_pool, cfg.block_size, self.device)
-        seq = Sequence("profile", [0] * cfg.max_num_batched_tokens, SamplingParams(max_tokens=1))
-        seq.block_table = list(range(probe_blocks))
+        runner = ModelRunner(model, backend, probe_pool, bs, self.device)
+        items, first_block = [], 0
+        for i, n in enumerate(lengths):
+            seq = Sequence(f"profile-{i}", [0] * n, SamplingParams(max_tokens=1))
+            nb = -(-n // bs)
+            seq.block_table = list(range(first_block, first_block + nb))
+            first_block += nb
+            items.append((seq, n))
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
-        runner.execute([(seq, cfg.max_num_batched_tokens)])
+        runner.execute(items)
         torch.cuda.synchronize(dev)
-        peak = torch.cuda.max_memory_allocated(dev)
-        del runner, probe_pool
-        torch.cuda.empty_cache()
+        peak = torch.cuda.max_memory_allocated(dev) - probe_pool.numel() * probe_pool.element_size()
+        del runner, probe_pool  # the attention layers still view it until the real pool is bound
         return blocks_from_cuda_memory(dev, cfg.gpu_memory_utilization, peak, per_block)
 
     # ---- requests -------------------------------------------------------------------
