@@ -5,8 +5,10 @@ for one head yields its keys as one contiguous ``context x head_dim`` matrix, so
 decodes is one ``index_select`` and two batched matmuls of (query group x context), with no
 transposing copy and no per-block matmuls.
 
-Decodes are batched by length bucket; prefill chunks go one sequence at a time through
-SDPA, and a chunk with no cached context uses its fresh keys and skips the gather.
+Decodes go to the C kernel of ``cpu_kernels.py``, which reads each sequence's blocks in place
+(with torch ops as the fallback: decodes batched by length bucket, compiled). Prefill chunks
+go one sequence at a time through SDPA, and a chunk with no cached context uses its fresh
+keys and skips the gather.
 """
 
 from __future__ import annotations
@@ -23,9 +25,23 @@ from engine.attention.metadata import AttentionMetadata
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
-    def __init__(self, decode_bucket_waste: float = 0.25, compile_decode: bool = True) -> None:
+    def __init__(
+        self, decode_bucket_waste: float = 0.25, compile_decode: bool = True, decode_kernel: str = "auto",
+    ) -> None:
+        """``decode_kernel``: ``auto`` uses the C kernel (``cpu_kernels.py``) where it builds,
+        ``c`` requires it, ``torch`` uses torch ops only (the reference)."""
+        if decode_kernel not in ("auto", "c", "torch"):
+            raise ValueError(f"decode_kernel must be auto, c or torch, got {decode_kernel!r}")
         self.decode_bucket_waste = decode_bucket_waste
         self.compile_decode = compile_decode
+        self.kernel = None
+        if decode_kernel != "torch":
+            from engine.attention.cpu_kernels import PagedDecodeKernel, load
+
+            lib = load()
+            if lib is None and decode_kernel == "c":
+                raise RuntimeError("the C decode kernel is not available (no compiler, or TOKENMILL_CPU_KERNELS=0)")
+            self.kernel = PagedDecodeKernel(lib) if lib is not None else None
 
     def kv_cache_shape(self, num_blocks, block_size, num_kv_heads, head_dim):
         return (num_kv_heads, num_blocks, block_size, head_dim)
@@ -76,7 +92,12 @@ class TorchAttentionBackend(AttentionBackend):
         return o.squeeze(0).transpose(0, 1).to(k_new.dtype)
 
     def _decode(self, q, k_cache, v_cache, meta, scale, out) -> None:
-        lens = meta.seq_lens_host[: meta.num_decodes]
+        nd = meta.num_decodes
+        if self.kernel is not None and q.device.type == "cpu" and k_cache.dtype == torch.float32:
+            out.copy_(self.kernel(q, k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
+                                  meta.seq_lens_host[:nd], scale))
+            return
+        lens = meta.seq_lens_host[:nd]
         for idx in self._buckets(lens):
             self._decode_bucket(q, k_cache, v_cache, meta, scale, out, idx, max(lens[j] for j in idx))
 
