@@ -8,7 +8,8 @@ starts a worker. Settings:
 - ``TOKENMILL_QUEUE``           default ``tokenmill``
 - ``TOKENMILL_VISIBILITY_TIMEOUT`` (Redis) seconds before an unacknowledged shard is handed to
   another worker; default 4 h. It must exceed the longest shard, or a shard still running is
-  delivered twice (harmless for the output, parts are idempotent, but wasted work).
+  delivered twice (harmless for the output: parts are idempotent and the finalizer waits for
+  every shard; but wasted work).
 - ``TOKENMILL_RESTORE_INTERVAL`` / ``TOKENMILL_RESTORE_THROTTLE`` (Redis) kombu's
   ``unacked_restore_interval`` (seconds between sweeps for expired unacked messages, default
   10) and ``unacked_restore_throttle`` (scan on every Nth sweep, default 10): a dead worker's
@@ -85,6 +86,8 @@ def make_app(broker_url: str | None = None, result_backend: str | None = None, q
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
+        # A redelivered shard whose result is already SUCCESS in the backend is not run again.
+        worker_deduplicate_successful_tasks=True,
         task_default_queue=queue or os.environ.get("TOKENMILL_QUEUE") or DEFAULT_QUEUE,
         broker_connection_retry_on_startup=True,
         broker_heartbeat=_env_number("TOKENMILL_BROKER_HEARTBEAT") or 0,

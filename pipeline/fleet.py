@@ -19,9 +19,9 @@ from pipeline.celery_app import make_app
 from pipeline.job_state import JobStateStore
 from pipeline.manifest import public_url, utc_now
 from pipeline.plan import JobPlan
+from pipeline.shard_result import STATUSES as TERMINAL_STATES
 
 FINAL_STATES = ("succeeded", "completed_with_errors", "cancelled", "failed")
-_TERMINAL_SHARD = ("done", "skipped", "failed", "cancelled")
 
 
 @functools.lru_cache(maxsize=8)
@@ -60,7 +60,10 @@ def submit_job(
     header = [
         app.signature("tokenmill.process_shard", args=(plan_dict, s.to_dict()), queue=queue_name) for s in shards
     ]
-    body = app.signature("tokenmill.finalize_job", args=(plan_dict,), queue=queue_name)
+    body = app.signature(
+        "tokenmill.finalize_job", args=(plan_dict,), kwargs={"shard_indices": [s.index for s in shards]},
+        queue=queue_name,
+    )
     body.link_error(app.signature("tokenmill.job_failed", kwargs={"plan_dict": plan_dict}))
     result = chord(header, app=app)(body)
     store.set_meta(plan.job_id, finalize_task_id=result.id)
@@ -102,7 +105,7 @@ def _live_status(job_id: str, meta: dict[str, Any], shards: dict[int, dict[str, 
         }
         for i, s in shards.items()
     ]
-    count = {state: sum(r["state"] == state for r in rows) for state in ("queued", "running", *_TERMINAL_SHARD)}
+    count = {state: sum(r["state"] == state for r in rows) for state in ("queued", "running", *TERMINAL_STATES)}
     started = [s["started_at"] for s in shards.values() if s.get("started_at")]
     finished = meta.get("finished_at")
     elapsed = ((finished or now) - min(started)) if started else 0.0
@@ -111,7 +114,7 @@ def _live_status(job_id: str, meta: dict[str, Any], shards: dict[int, dict[str, 
     if status not in FINAL_STATES:
         if meta.get("cancel_requested_at"):
             status = "cancelling"
-        elif rows and all(r["state"] in _TERMINAL_SHARD for r in rows):
+        elif rows and all(r["state"] in TERMINAL_STATES for r in rows):
             status = "finalizing"
         elif count["queued"] < len(rows):
             status = "running"
@@ -151,12 +154,13 @@ def _status_from_output(plan: JobPlan) -> dict[str, Any]:
         )
         rows = [
             {"index": s.index, "url": s.url,
-             "state": "done" if part_is_current(plan.output_url, s.index, s.fingerprint, plan.storage_options)
+             "state": "done" if part_is_current(
+                 plan.output_url, s.index, plan.part_fingerprint(s.fingerprint), plan.storage_options)
              else "queued", "rows_done": 0, "errors": 0, "output_tokens": 0, "reason": None, "worker": None}
             for s in listed
         ]
         status, elapsed = "unknown", 0.0
-    count = {state: sum(r["state"] == state for r in rows) for state in ("queued", "running", *_TERMINAL_SHARD)}
+    count = {state: sum(r["state"] == state for r in rows) for state in ("queued", "running", *TERMINAL_STATES)}
     output_tokens = sum(r["output_tokens"] for r in rows)
     return {
         "job_id": plan.job_id, "name": plan.name, "status": status, "output_url": public_url(plan.output_url),

@@ -8,8 +8,7 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline.shard_processor import ShardProgress
-
-_TERMINAL = ("done", "skipped", "failed", "cancelled")
+from pipeline.shard_result import STATUSES as TERMINAL_STATES
 
 
 class RunProgress:
@@ -52,7 +51,7 @@ class RunProgress:
     def __call__(self, p: ShardProgress) -> None:
         self.rows[p.index] = p.rows_done
         self.tokens[p.index] = p.output_tokens
-        if p.state in _TERMINAL:
+        if p.state in TERMINAL_STATES:
             self.finished.add(p.index)
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         info = (

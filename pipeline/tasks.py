@@ -21,12 +21,14 @@ from pipeline.job_state import JobStateStore
 from pipeline.manifest import build_manifest, utc_now
 from pipeline.plan import JobPlan
 from pipeline.shard_processor import ShardProcessor, ShardProgress
+from pipeline.shard_result import STATUSES as TERMINAL_STATES
 from pipeline.shard_result import ShardResult
 from pipeline.summary import run_summary_hook
 
 log = logging.getLogger(__name__)
 
 MAX_TRANSIENT_RETRIES = 3
+FINALIZE_RETRY_S = 5
 
 
 def _worker_name() -> str:
@@ -127,12 +129,43 @@ def _finish_job(
     return manifest
 
 
-@app.task(name="tokenmill.finalize_job")
-def finalize_job(results: list[dict[str, Any]], plan_dict: dict[str, Any]) -> dict[str, Any]:
-    """Chord callback: write the manifest, and _SUCCESS if no shard failed or was cancelled."""
+def _result_from_state(index: int, state: dict[str, Any], failed_reason: str | None = None) -> dict[str, Any]:
+    """A ShardResult rebuilt from the progress a worker reported for the shard."""
+    status = state.get("state") if state.get("state") in TERMINAL_STATES else "failed"
+    reason = state.get("reason") or (failed_reason if status == "failed" else None)
+    return ShardResult(
+        index, state.get("url", ""), status, rows=state.get("rows_done", 0), errors=state.get("errors", 0),
+        reason=reason, output_tokens=state.get("output_tokens", 0), prompt_tokens=state.get("prompt_tokens", 0),
+        worker=state.get("worker"),
+    ).to_dict()
+
+
+@app.task(name="tokenmill.finalize_job", bind=True, max_retries=None)
+def finalize_job(
+    self, results: list[dict[str, Any]], plan_dict: dict[str, Any], shard_indices: list[int] | None = None
+) -> dict[str, Any]:
+    """Chord callback: write the manifest, and _SUCCESS if no shard failed or was cancelled.
+
+    A shard delivered twice (its worker died after storing the result, or it outran the
+    visibility timeout) is counted twice by the chord, which can then fire before another
+    shard has finished. So the callback checks that every shard it was given at submit time
+    has a result; a missing one is taken from the state its worker reported once that is
+    final, and until then the callback retries rather than write a manifest without it.
+    """
     plan = JobPlan.from_dict(plan_dict)
     by_index = {r["index"]: r for r in results if isinstance(r, dict)}  # one per shard, even if redelivered
-    manifest = _finish_job(plan, list(by_index.values()))
+    missing = [i for i in shard_indices or () if i not in by_index]
+    if missing:
+        store = _store()
+        states = store.shards(plan.job_id) if store is not None else {}
+        for i in missing:
+            if states.get(i, {}).get("state") in TERMINAL_STATES:
+                by_index[i] = _result_from_state(i, states[i])
+        still = [i for i in missing if i not in by_index]
+        if still:
+            log.warning("job %s: shards %s not finished yet; finalize waits", plan.job_id, still)
+            raise self.retry(countdown=FINALIZE_RETRY_S)
+    manifest = _finish_job(plan, [by_index[i] for i in sorted(by_index)])
     return {"job_id": plan.job_id, "status": manifest["status"], "totals": manifest["totals"]}
 
 
@@ -146,13 +179,5 @@ def job_failed(request: Any, exc: BaseException, traceback: Any, plan_dict: dict
     log.error("job %s failed: %s", plan.job_id, exc)
     store = _store()
     states = store.shards(plan.job_id) if store is not None else {}
-    results = []
-    for index, s in states.items():
-        status = s.get("state") if s.get("state") in ("done", "skipped", "failed", "cancelled") else "failed"
-        reason = s.get("reason") or (None if status != "failed" else f"job failed: {exc}")
-        results.append(ShardResult(
-            index, s.get("url", ""), status, rows=s.get("rows_done", 0), errors=s.get("errors", 0),
-            reason=reason, output_tokens=s.get("output_tokens", 0), prompt_tokens=s.get("prompt_tokens", 0),
-            worker=s.get("worker"),
-        ).to_dict())
+    results = [_result_from_state(i, s, f"job failed: {exc}") for i, s in states.items()]
     _finish_job(plan, results, status="failed", error=f"{type(exc).__name__}: {exc}")

@@ -136,7 +136,7 @@ def _fleet_env(broker_url: str, queue: str, prefix: str, extra: dict[str, str]) 
         "TOKENMILL_RESULT_BACKEND": RESULT_BACKEND,
         "TOKENMILL_QUEUE": queue,
         "TOKENMILL_REDIS_KEY_PREFIX": prefix,
-        "TOKENMILL_VISIBILITY_TIMEOUT": "10",  # shards here take a few seconds
+        "TOKENMILL_VISIBILITY_TIMEOUT": "30",  # above the longest shard here (about 10 s on a loaded box)
         "TOKENMILL_RESTORE_INTERVAL": "1",  # sweep for expired unacked messages every second
         "TOKENMILL_RESTORE_THROTTLE": "1",
         **extra,
@@ -280,11 +280,12 @@ def test_end_to_end_redis_s3_two_workers(redis_fleet, s3_server, s3_bucket, tiny
 def test_cancel_job(redis_fleet, tmp_path, tiny_model_dir) -> None:
     redis_fleet.ensure(2)
     inp = tmp_path / "in"
-    write_uniform_shards(local_put(inp), count=6, rows=40)
+    write_uniform_shards(local_put(inp), count=6, rows=200)
     plan = make_plan(str(inp), str(tmp_path / "out"), tiny_model_dir, job_id=_job_id("cancel"),
                      sampling={"max_tokens": 32, "temperature": 0.0, "ignore_eos": True})
     job_id = redis_fleet.submit(plan)
-    wait_until(lambda: _running_shard(job_id), 120, "a running shard")
+    # cancel once workers have started: two shards at most are taken, four still queued
+    wait_until(lambda: any(s["state"] != "queued" for s in job_status(job_id)["shards"]), 120, "a started shard")
     cancel_job(job_id)
     status = _wait(redis_fleet, job_id)
     assert status["status"] == "cancelled"
@@ -303,7 +304,7 @@ def test_cancel_job(redis_fleet, tmp_path, tiny_model_dir) -> None:
 def _kill_mid_shard(fleet: Fleet, tmp_path: Path, tiny_model_dir: Path, tag: str) -> None:
     fleet.ensure(2)
     inp = tmp_path / "in"
-    ids = write_uniform_shards(local_put(inp), count=4, rows=64)
+    ids = write_uniform_shards(local_put(inp), count=4, rows=200)  # seconds per shard: caught mid-shard
     plan = make_plan(str(inp), str(tmp_path / "out"), tiny_model_dir, job_id=_job_id(tag),
                      sampling={"max_tokens": 48, "temperature": 0.0, "ignore_eos": True})
     job_id = fleet.submit(plan)
@@ -375,3 +376,35 @@ def test_cancelled_job_skips_queued_shards_and_errback_writes_failed_manifest(tm
     manifest = read_manifest(plan.output_url)
     assert manifest["status"] == "failed" and "boom" in manifest["error"]
     assert not success_marker_exists(plan.output_url)
+
+
+def test_finalize_waits_for_a_shard_the_chord_counted_twice(tmp_path, tiny_model_dir) -> None:
+    """A redelivered shard is counted twice by the Redis chord, which can then fire while
+    another shard still runs: the finalizer retries instead of writing a manifest without it."""
+    _require(6379, "Redis")
+    from celery.exceptions import Retry
+
+    from pipeline.tasks import finalize_job, process_shard
+
+    inp, out = tmp_path / "in", tmp_path / "out"
+    ids = write_uniform_shards(local_put(inp), count=2, rows=3)
+    plan = make_plan(str(inp), str(out), tiny_model_dir, job_id=_job_id("early"))
+    shards = list_shards(plan.input_url)
+    store = JobStateStore()
+    store.init_job(plan.job_id, {"name": plan.name, "submitted_at": time.time()}, [s.to_dict() for s in shards])
+    first = process_shard(plan.to_dict(), shards[0].to_dict())
+    duplicate = process_shard(plan.to_dict(), shards[0].to_dict())
+    assert (first["status"], duplicate["status"]) == ("done", "skipped")
+    store.set_shard(plan.job_id, 1, {"state": "running", "url": shards[1].url})
+    indices = [s.index for s in shards]
+
+    with pytest.raises(Retry):
+        finalize_job([first, duplicate], plan.to_dict(), shard_indices=indices)
+    assert not success_marker_exists(plan.output_url)
+    assert read_manifest(plan.output_url) is None
+
+    assert process_shard(plan.to_dict(), shards[1].to_dict())["status"] == "done"
+    done = finalize_job([first, duplicate], plan.to_dict(), shard_indices=indices)
+    assert done["status"] == "succeeded" and done["totals"]["rows"] == len(ids)
+    assert success_marker_exists(plan.output_url)
+    assert sorted(read_parts(plan.output_url).column("id").to_pylist()) == sorted(ids)
