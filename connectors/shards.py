@@ -79,7 +79,7 @@ def detect_format(url: str, declared: str | None = None) -> tuple[str, str | Non
 
 
 def _fingerprint(info: dict[str, Any]) -> str:
-    """'size:etag-or-mtime', so a rewritten object gets a new fingerprint."""
+    """'size:etag-or-mtime' of the object's content, so a rewritten object gets a new fingerprint."""
     size = info.get("size", info.get("Size", ""))
     tag = info.get("ETag") or info.get("etag") or info.get("md5Hash")
     if tag:
@@ -171,10 +171,13 @@ def list_shards(
 
     shards: list[ShardRef] = []
     for url, file_path, fmt, compression, info in sorted(entries, key=lambda e: e[0]):
-        fingerprint = _fingerprint(info)
+        content = _fingerprint(info)
         groups = _row_groups(fs, file_path, url) if split_row_groups and fmt == "parquet" else 1
         for row_group in range(groups) if groups > 1 else [None]:
-            shards.append(ShardRef(len(shards), url, fmt, compression, row_group, fingerprint))
+            # Which input a part came from, not only what it held: two files with the same size
+            # and mtime (a `cp -p`), or a whole file vs its first row group, must not match.
+            where = url if row_group is None else f"{url}#row_group={row_group}"
+            shards.append(ShardRef(len(shards), url, fmt, compression, row_group, f"{content}@{where}"))
     return shards
 
 

@@ -6,8 +6,17 @@ here parses specs or touches storage formats.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+# Plan fields that change what a part holds; a part written under other values is stale.
+_OUTPUT_FIELDS = (
+    "kind", "input_format", "id_field", "text_field", "passthrough_fields", "prompt", "sampling",
+    "truncate_prompt", "row_hook", "hook_options", "extra_columns", "openai_output",
+)
+_OUTPUT_ENGINE_FIELDS = ("model", "dtype", "max_model_len")
 
 
 @dataclass
@@ -50,6 +59,15 @@ class JobPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def part_fingerprint(self, input_fingerprint: str) -> str:
+        """What a part records to be reused: its input shard plus everything in the plan that
+        shapes its rows, so a re-run with another prompt, model or sampling recomputes."""
+        data = self.to_dict()
+        shaping = {k: data[k] for k in _OUTPUT_FIELDS}
+        shaping["engine"] = {k: self.engine.get(k) for k in _OUTPUT_ENGINE_FIELDS}
+        digest = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return f"{input_fingerprint}|plan={digest}"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobPlan:

@@ -222,7 +222,9 @@ class ShardProcessor:
         plan = self.plan
         started = time.perf_counter()
         try:
-            current = part_is_current(plan.output_url, ref.index, ref.fingerprint, plan.storage_options)
+            current = part_is_current(
+                plan.output_url, ref.index, plan.part_fingerprint(ref.fingerprint), plan.storage_options
+            )
         except Exception as exc:  # cannot tell: process it; a real storage problem shows at write time
             log.warning("cannot check part %d of %s: %s", ref.index, plan.job_id, exc)
             current = False
@@ -486,7 +488,7 @@ class ShardProcessor:
                 )
             table = with_result(rows_to_table(rows, self.schema), counts)
             write_part(
-                self.plan.output_url, ref.index, table, fingerprint=ref.fingerprint,
+                self.plan.output_url, ref.index, table, fingerprint=self.plan.part_fingerprint(ref.fingerprint),
                 storage_options=self.plan.storage_options,
             )
         except Exception as exc:

@@ -367,7 +367,9 @@ def test_parquet_split_by_row_group(kind: str, request: pytest.FixtureRequest, t
         (2, "parquet", 2),
         (3, "jsonl", None),
     ]
-    assert len({s.fingerprint for s in shards[:3]}) == 1
+    # one content fingerprint, but each row group (and the whole file) is its own input
+    assert len({s.fingerprint.split("@")[0] for s in shards[:3]}) == 1
+    assert len({s.fingerprint for s in shards[:3]} | {whole[0].fingerprint}) == 4
     for shard, first in zip(shards[:3], (0, 4, 8), strict=True):
         records = read_all(shard, store)
         assert [r.row_number for r in records] == list(range(first, first + 4))
@@ -499,6 +501,23 @@ def test_part_is_current_tracks_fingerprint(store: Store) -> None:
     (changed,) = list_shards(url, storage_options=store.storage_options)
     assert changed.fingerprint != shard.fingerprint
     assert not part_is_current(out, 0, changed.fingerprint, store.storage_options)
+
+
+def test_identical_copies_with_the_same_mtime_are_different_inputs(tmp_path: Any) -> None:
+    """A `cp -p` copy has the same size and mtime; its part must not count for the original."""
+    import os
+
+    inp = tmp_path / "in"
+    inp.mkdir()
+    (inp / "a.jsonl").write_bytes(jsonl_bytes(docs(3)))
+    (inp / "b.jsonl").write_bytes(jsonl_bytes(docs(3)))
+    stamp = (inp / "a.jsonl").stat().st_mtime_ns
+    os.utime(inp / "b.jsonl", ns=(stamp, stamp))
+    a, b = list_shards(str(inp))
+    assert a.fingerprint.split("@")[0] == b.fingerprint.split("@")[0]
+    write_part(str(tmp_path / "out"), 0, _table(3), fingerprint=a.fingerprint)
+    assert part_is_current(str(tmp_path / "out"), 0, a.fingerprint)
+    assert not part_is_current(str(tmp_path / "out"), 0, b.fingerprint)
 
 
 def test_same_size_rewrite_changes_s3_fingerprint(s3_store: Store) -> None:

@@ -76,6 +76,13 @@ def test_three_formats_with_bad_rows(dirs, tiny_model_dir) -> None:
     assert again["totals"]["rows"] == manifest["totals"]["rows"]
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("part-*.parquet")} == mtimes
 
+    # the same input under another sampling budget is new work, not a current part
+    longer = make_plan(inp.as_uri(), out.as_uri(), tiny_model_dir,
+                       sampling={"max_tokens": 5, "temperature": 0.0, "ignore_eos": True})
+    redone = run_embedded(longer, progress=False)
+    assert [s["status"] for s in redone["shards"]] == ["done"] * 3
+    assert {r["output_tokens"] for r in read_parts(plan.output_url).to_pylist() if not r["error"]} == {5}
+
 
 def test_unreadable_shard_fails_alone(dirs, tiny_model_dir) -> None:
     inp, out = dirs
