@@ -300,10 +300,25 @@ def _open_parquet(
     def rows() -> Iterator[_Row]:
         with stack:
             for batch in pf.iter_batches(batch_size=batch_size, row_groups=row_groups):
-                for row in batch.to_pylist():
+                try:
+                    decoded = batch.to_pylist()
+                except UnicodeDecodeError:  # a string value that is not UTF-8: find the row
+                    yield from _rows_one_by_one(batch)
+                    continue
+                for row in decoded:
                     yield row, None
 
     return rows(), start
+
+
+def _rows_one_by_one(batch: pa.RecordBatch) -> Iterator[_Row]:
+    for i in range(batch.num_rows):
+        try:
+            (row,) = batch.slice(i, 1).to_pylist()
+        except UnicodeDecodeError:
+            yield {}, "invalid UTF-8"
+            continue
+        yield row, None
 
 
 _OPENERS = {"jsonl": _open_jsonl, "csv": _open_csv, "parquet": _open_parquet}

@@ -143,7 +143,9 @@ def is_transient(exc: BaseException) -> bool:
         cause = _client_error_is_transient(exc.__cause__) if exc.__cause__ else None
         if cause is not None:
             return cause
-        return exc.errno not in _PERMANENT_ERRNOS
+        # An OSError with no errno and no network cause is a verdict on the data, not the
+        # link: pyarrow's "Couldn't deserialize thrift" for a corrupt footer is one.
+        return exc.errno is not None and exc.errno not in _PERMANENT_ERRNOS
     return False
 
 

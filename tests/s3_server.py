@@ -1,22 +1,23 @@
-"""A real S3 endpoint on loopback (moto's threaded server) for tests.
+"""A real S3 endpoint on loopback for tests: moto's server as a child process.
 
-moto's in-process `mock_aws` does not intercept s3fs (aiobotocore), so tests talk
-to a genuine HTTP server instead. The server can be stopped and started again on
-the same port to simulate an outage; moto keeps its state in-process, so buckets
-and objects survive a restart.
+moto's in-process `mock_aws` does not intercept s3fs (aiobotocore), so tests talk to a
+genuine HTTP server in its own process, started and stopped by PID on a port below 32768.
+An outage is ``pause()``: the process is frozen with SIGSTOP (requests hang, as on a server
+that stopped answering) and ``resume()`` thaws it with its buckets intact. ``stop()`` kills
+it; moto keeps nothing on disk, so a server started again is empty.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import random
+import signal
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from typing import Any
-
-from moto.server import ThreadedMotoServer
 
 _ACCESS_KEY = "testing"
 _SECRET_KEY = "testing"
@@ -61,11 +62,11 @@ def _wait_for_port(port: int, *, up: bool, timeout: float = 10.0) -> None:
 
 
 class S3Server:
-    """moto S3 on 127.0.0.1:<port>, restartable on the same port."""
+    """moto S3 on 127.0.0.1:<port> in a child process."""
 
     def __init__(self, port: int | None = None) -> None:
         self.port = port or free_port()
-        self._server: ThreadedMotoServer | None = None
+        self.proc: subprocess.Popen | None = None
 
     @property
     def endpoint_url(self) -> str:
@@ -89,29 +90,38 @@ class S3Server:
 
     @property
     def running(self) -> bool:
-        return self._server is not None
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
 
     def start(self) -> None:
-        if self._server is not None:
+        if self.running:
             return
         self.set_env()
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        server.start()
-        self._server = server
-        _wait_for_port(self.port, up=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        _wait_for_port(self.port, up=True, timeout=60)
 
     def stop(self) -> None:
-        if self._server is None:
+        if not self.running:
             return
-        server, self._server = self._server, None
-        server.stop()
-        # ThreadedMotoServer.stop() leaves the listening socket open; close it so
-        # start() can bind the same port again and clients see "connection refused".
-        wsgi = getattr(server, "_server", None)
-        if wsgi is not None:
-            wsgi.server_close()
+        proc, self.proc = self.proc, None
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
         _wait_for_port(self.port, up=False)
+
+    def pause(self) -> None:
+        """Freeze the server: connections are accepted by the kernel but never answered."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
 
     def client(self) -> Any:
         """A plain boto3 S3 client, for test setup that should bypass the code under test."""

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import csv
+import errno
 import gzip
 import io
 import json
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -227,6 +229,15 @@ def test_is_transient_classifies_s3_errors() -> None:
     wrapped.__cause__ = client_error("InvalidRange", 416)
     assert not connectors.is_transient(wrapped)
     assert not connectors.is_transient(ValueError("bug"))
+
+
+def test_oserror_without_errno_is_permanent_unless_a_network_error() -> None:
+    """pyarrow's corrupt-footer error is an errno-less OSError: retrying it five times only
+    delays the shard's failure. Network errors without an errno stay transient."""
+    assert not connectors.is_transient(OSError("Couldn't deserialize thrift: TProtocolException: Invalid data"))
+    assert connectors.is_transient(ConnectionResetError())
+    assert connectors.is_transient(TimeoutError())
+    assert connectors.is_transient(OSError(errno.EIO, "I/O error"))
 
 
 # --- formats and listing -----------------------------------------------------
@@ -574,25 +585,54 @@ def test_public_api_exports() -> None:
         assert hasattr(connectors, name), name
 
 
-def test_s3_outage_is_transient_not_a_shard_error(
-    s3_server: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """While the endpoint is down reads fail with a retryable error; after a restart they work."""
+def test_unreachable_s3_is_transient_not_a_shard_error(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An endpoint that refuses connections: every attempt fails with a retryable error."""
+    from s3_server import free_port
+
     opts = {**s3_server.storage_options, "config_kwargs": {"retries": {"max_attempts": 1}}}
-    fsspec.filesystem("s3", skip_instance_cache=True, **opts).pipe(
-        f"{s3_bucket}/a.jsonl", jsonl_bytes(docs(3))
-    )
-    (shard,) = list_shards(f"s3://{s3_bucket}/a.jsonl", storage_options=opts)
+    opts["client_kwargs"] = {"endpoint_url": f"http://127.0.0.1:{free_port()}"}  # nothing listens there
+    shard = connectors.ShardRef(0, "s3://no-server/a.jsonl", "jsonl", None, fingerprint="1:x@s3://no-server/a.jsonl")
     sleeps: list[float] = []
     monkeypatch.setattr("connectors.storage.time.sleep", sleeps.append)
-    s3_server.stop()
+    with pytest.raises(Exception) as info:
+        read_records(shard, text_field="text", storage_options=opts)
+    assert not isinstance(info.value, StorageError)
+    assert connectors.is_transient(info.value)
+    assert len(sleeps) == 4  # five attempts
+
+
+def _frozen_for(server: Any, seconds: float) -> threading.Timer:
+    """Freeze the S3 server process now and thaw it after ``seconds``."""
+    server.pause()
+    timer = threading.Timer(seconds, server.resume)
+    timer.start()
+    return timer
+
+
+HUNG_SERVER_OPTS = {"config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1, "read_timeout": 1}}
+
+
+def test_s3_frozen_during_a_read_recovers(s3_server: Any, s3_bucket: str) -> None:
+    """The server stops answering for a few seconds while a shard is read: retried, no row lost."""
+    opts = {**s3_server.storage_options, **HUNG_SERVER_OPTS}
+    fsspec.filesystem("s3", skip_instance_cache=True, **opts).pipe(f"{s3_bucket}/a.jsonl", jsonl_bytes(docs(3)))
+    (shard,) = list_shards(f"s3://{s3_bucket}/a.jsonl", storage_options=opts)
+    timer = _frozen_for(s3_server, 3.0)
     try:
-        with pytest.raises(Exception) as info:
-            read_records(shard, text_field="text", storage_options=opts)
-        assert not isinstance(info.value, StorageError)
-        assert connectors.is_transient(info.value)
-        assert len(sleeps) == 4  # five attempts
+        records = [r for b in read_records(shard, text_field="text", storage_options=opts) for r in b]
     finally:
-        s3_server.start()
-    records = [r for b in read_records(shard, text_field="text", storage_options=opts) for r in b]
-    assert len(records) == 3
+        timer.join()
+    assert [r.fields["text"] for r in records] == [d["text"] for d in docs(3)]
+
+
+def test_s3_frozen_during_a_part_commit_recovers(s3_server: Any, s3_bucket: str) -> None:
+    """The server stops answering while a part is committed: the commit is retried and lands whole."""
+    opts = {**s3_server.storage_options, **HUNG_SERVER_OPTS}
+    out = f"s3://{s3_bucket}/out"
+    timer = _frozen_for(s3_server, 3.0)
+    try:
+        write_part(out, 4, _table(20), fingerprint="20:x@in", storage_options=opts)
+    finally:
+        timer.join()
+    assert part_is_current(out, 4, "20:x@in", opts)
+    assert read_parts(out, storage_options=opts).num_rows == 20

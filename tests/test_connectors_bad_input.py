@@ -232,6 +232,15 @@ def test_parquet_bad_values(mem: str) -> None:
     ]
 
 
+def test_parquet_invalid_utf8_is_a_row_error(mem: str) -> None:
+    """Arrow does not validate strings on write or read; the bad row is flagged, the rest read."""
+    texts = pa.array([b"fine", b"caf\xe9 latin-1", b"also fine"], type=pa.binary()).cast(pa.string(), safe=False)
+    table = pa.table({"id": ["a", "b", "c"], "text": texts})
+    records = read(put(f"{mem}/x.parquet", parquet_bytes(table)), id_field="id")
+    assert [(r.id, r.error) for r in records] == [("a", None), ("x.parquet:1", "row 1: invalid UTF-8"), ("c", None)]
+    assert records[2].fields["text"] == "also fine"
+
+
 def test_corrupt_parquet_is_a_shard_error(mem: str) -> None:
     url = put(f"{mem}/x.parquet", b"PAR1 definitely not parquet")
     with pytest.raises(ShardReadError, match=r"cannot read shard memory://.*/x\.parquet: unreadable parquet"):
