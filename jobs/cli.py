@@ -22,6 +22,7 @@ import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
+from urllib.parse import urlsplit, urlunsplit
 
 import typer
 from pydantic import ValidationError
@@ -86,8 +87,19 @@ def _plan_or_exit(spec: JobSpec, job_id: str | None) -> JobPlan:
 
 
 def _use_broker(broker: str | None) -> None:
+    """A ``--broker`` on Redis also carries results and job state (its database 1) unless a
+    result backend is configured: otherwise ``submit`` against a remote fleet would write job
+    state to a local Redis that its workers never see."""
     if broker:
         os.environ["TOKENMILL_BROKER_URL"] = broker
+        if broker.startswith(("redis://", "rediss://")) and not os.environ.get("TOKENMILL_RESULT_BACKEND"):
+            os.environ["TOKENMILL_RESULT_BACKEND"] = redis_database(broker, 1)
+
+
+def redis_database(url: str, db: int) -> str:
+    """``url`` with its database number replaced (``redis://h:6379/0`` -> ``redis://h:6379/1``)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{db}"))
 
 
 @app.command()
@@ -109,14 +121,9 @@ def run(
         manifest = run_embedded(plan, progress=progress and not as_json)
     except StorageError as exc:
         _fail(f"input error: {exc}")
-    extra: dict[str, str] = {}
-    if spec.kind == "evaluate":
-        from jobs.report import write_report
-
-        written = write_report(manifest, plan.storage_options)
-        extra = {f"report ({k})": v for k, v in written.items()}
+    extra = {f"report ({k})": v for k, v in (manifest.get("report") or {}).items()}
     if as_json:
-        typer.echo(json.dumps({**manifest, "report": extra}, indent=2, default=str))
+        typer.echo(json.dumps(manifest, indent=2, default=str))
     else:
         from jobs.console import print_run, read_samples
 

@@ -106,6 +106,17 @@ class ModelSection(Section):
     compile: bool | None = None
     seed: int | None = None
 
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str | None) -> str | None:
+        """Caught here, not as a traceback on a worker after submit."""
+        from engine.model_registry import PACKAGED_MODELS
+
+        if name is not None and name not in PACKAGED_MODELS:
+            known = ", ".join(sorted(PACKAGED_MODELS))
+            raise ValueError(f"unknown model {name!r}; registered: {known} (or give model.path)")
+        return name
+
     @field_validator("block_size")
     @classmethod
     def _power_of_two(cls, value: int | None) -> int | None:

@@ -18,7 +18,7 @@ from pipeline.manifest import build_manifest, engine_delta, utc_now
 from pipeline.plan import JobPlan
 from pipeline.progress import RunProgress
 from pipeline.shard_processor import ShardProcessor
-from pipeline.summary import run_summary_hook
+from pipeline.summary import run_report_hook, run_summary_hook
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,9 @@ def run_embedded(
         plan, results, mode="embedded", started_at=started_at, elapsed_s=elapsed, engine_stats=stats,
         summary=run_summary_hook(plan, results),
     )
+    report = run_report_hook(plan, manifest)
+    if report:
+        manifest["report"] = report
     write_manifest(plan.output_url, manifest, plan.storage_options)
     if manifest["success_marker"]:
         write_success_marker(plan.output_url, plan.storage_options)

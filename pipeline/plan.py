@@ -53,6 +53,9 @@ class JobPlan:
     # ``jobs`` package (e.g. the evaluation scorer). Only ``jobs.`` modules may be named.
     row_hook: str | None = None
     summary_hook: str | None = None
+    # Called as fn(manifest, storage_options) -> {name: url} once the job's manifest is built,
+    # in embedded and fleet runs alike (the evaluation report); the urls go in the manifest.
+    report_hook: str | None = None
     hook_options: dict[str, Any] = field(default_factory=dict)
     extra_columns: dict[str, str] = field(default_factory=dict)  # name -> arrow type ("float64", "string", "bool")
     openai_output: bool = False  # also write OpenAI batch output JSONL lines

@@ -45,6 +45,18 @@ def read_small_columns(plan: JobPlan, indices: list[int]) -> pa.Table:
     return pa.concat_tables(tables, promote_options="permissive")
 
 
+def run_report_hook(plan: JobPlan, manifest: dict[str, Any]) -> dict[str, str] | None:
+    """Files the job kind writes next to its parts (e.g. report.md); a failure is reported, not raised."""
+    if not plan.report_hook:
+        return None
+    try:
+        written = load_hook(plan.report_hook)(manifest, plan.storage_options)
+        return {str(k): str(v) for k, v in written.items()}
+    except Exception as exc:
+        log.exception("report hook %s failed", plan.report_hook)
+        return {"error": f"report hook {plan.report_hook} failed: {type(exc).__name__}: {exc}"}
+
+
 def run_summary_hook(plan: JobPlan, results: list[dict[str, Any]]) -> Any:
     if not plan.summary_hook:
         return None

@@ -23,7 +23,7 @@ from pipeline.plan import JobPlan
 from pipeline.shard_processor import ShardProcessor, ShardProgress
 from pipeline.shard_result import STATUSES as TERMINAL_STATES
 from pipeline.shard_result import ShardResult
-from pipeline.summary import run_summary_hook
+from pipeline.summary import run_report_hook, run_summary_hook
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,10 @@ def _finish_job(
     )
     if status is not None:
         manifest["status"], manifest["success_marker"], manifest["error"] = status, False, error
+    else:
+        report = run_report_hook(plan, manifest)
+        if report:
+            manifest["report"] = report
     write_manifest(plan.output_url, manifest, plan.storage_options)
     if manifest["success_marker"]:
         write_success_marker(plan.output_url, plan.storage_options)

@@ -240,6 +240,49 @@ def test_submit_status_worker(fleet: Fleet, tmp_path: Path, tiny_model_dir: Path
     assert unknown.exit_code == 1 and "unknown job" in unknown.output
 
 
+def test_python_api_submit_status_wait(fleet: Fleet, tmp_path: Path, tiny_model_dir: Path) -> None:
+    """``from jobs import submit, status, wait, JobSpec``: the call a data pipeline makes."""
+    from jobs import JobSpec, status, submit, wait
+
+    name = f"cli-{fleet.queue.removeprefix('tm-cli-')}-api"
+    (tmp_path / "docs").mkdir()
+    rows = [{"id": f"api-{i}", "text": f"Document {i} for the Python API."} for i in range(4)]
+    (tmp_path / "docs/part-0.jsonl").write_bytes(jsonl_bytes(rows))
+    settings = tiny_engine(tiny_model_dir)
+    spec = JobSpec.from_dict({
+        "name": name,
+        "input": {"url": str(tmp_path / "docs"), "id_field": "id"},
+        "output": {"url": str(tmp_path / "out")},
+        "model": {"path": settings.pop("model"), **settings},
+        "sampling": {"max_tokens": 3, "ignore_eos": True},
+    })
+    job_id = submit(spec, BROKER, queue=fleet.queue, result_backend=RESULT_BACKEND)
+    assert job_id.startswith(f"{name}-")
+    with pytest.raises(TimeoutError, match=f"job {job_id} still (queued|running) after 0s"):
+        wait(job_id, timeout=0)  # milliseconds after submit: not done yet
+    assert status(job_id)["job_id"] == job_id
+    final = wait(job_id, timeout=JOB_TIMEOUT, poll=0.3)
+    assert final["status"] == "succeeded", fleet.logs()
+    assert final["progress"]["rows_done"] == 4
+    assert sorted(read_parts(str(tmp_path / "out")).column("id").to_pylist()) == [f"api-{i}" for i in range(4)]
+
+
+def test_redis_broker_option_carries_job_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs.cli import _use_broker, redis_database
+
+    assert redis_database("redis://:pw@queue.internal:6380/0", 1) == "redis://:pw@queue.internal:6380/1"
+    monkeypatch.delenv("TOKENMILL_BROKER_URL", raising=False)  # recorded first: restored after the test
+    monkeypatch.delenv("TOKENMILL_RESULT_BACKEND", raising=False)
+    _use_broker("redis://queue.internal:6380/0")
+    assert os.environ["TOKENMILL_RESULT_BACKEND"] == "redis://queue.internal:6380/1"
+    monkeypatch.setenv("TOKENMILL_RESULT_BACKEND", "redis://results.internal/2")
+    _use_broker("redis://queue.internal:6380/0")
+    assert os.environ["TOKENMILL_RESULT_BACKEND"] == "redis://results.internal/2"  # an explicit backend wins
+    monkeypatch.delenv("TOKENMILL_RESULT_BACKEND")
+    _use_broker("amqp://guest:guest@rabbit.internal//")
+    assert "TOKENMILL_RESULT_BACKEND" not in os.environ
+
+
 def test_beat_enqueues_scheduled_job(fleet: Fleet, tmp_path: Path, tiny_model_dir: Path) -> None:
     name = f"cli-{fleet.queue.removeprefix('tm-cli-')}-beat"
     specs = tmp_path / "schedules"

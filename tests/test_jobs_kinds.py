@@ -149,10 +149,13 @@ def test_evaluate_embedded_with_report(tmp_path: Path, tiny_model_dir: Path) -> 
     assert summary["correct"] == sum(rows[q["id"]]["correct"] for q in questions[:5])
     # few-shot turns are the shared prefix: every question after the first reuses them
     assert manifest["engine_stats"]["prefix_cache_hit_tokens"] >= 4 * 16
-    written = write_report(manifest)
+    # the run wrote the report itself (the kind's report hook: the same in fleet runs)
+    assert manifest["report"] == {"chart": str(tmp_path / "out/report.png"), "markdown": str(tmp_path / "out/report.md")}
+    assert read_manifest(str(tmp_path / "out"))["report"] == manifest["report"]
     assert (tmp_path / "out/report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     markdown = (tmp_path / "out/report.md").read_text()
-    assert written["markdown"].endswith("report.md") and "accuracy" in markdown and "![scores](report.png)" in markdown
+    assert "accuracy" in markdown and "![scores](report.png)" in markdown
+    assert write_report(manifest)["markdown"] == manifest["report"]["markdown"]
 
 
 def test_generate_embedded(tmp_path: Path, tiny_model_dir: Path) -> None:

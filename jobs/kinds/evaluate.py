@@ -47,6 +47,7 @@ def plan_fields(spec: JobSpec) -> dict[str, Any]:
         "prompt": PromptPlan(system=system, user_template=user_template(spec), few_shot=few_shot_turns(spec)),
         "row_hook": "jobs.scoring:score_row",
         "summary_hook": "jobs.scoring:summarize_scores",
+        "report_hook": "jobs.report:write_report",
         "hook_options": {
             "reference_field": evaluate.reference_field, "method": evaluate.method, "pattern": evaluate.pattern,
         },
