@@ -408,3 +408,138 @@ def test_finalize_waits_for_a_shard_the_chord_counted_twice(tmp_path, tiny_model
     assert done["status"] == "succeeded" and done["totals"]["rows"] == len(ids)
     assert success_marker_exists(plan.output_url)
     assert sorted(read_parts(plan.output_url).column("id").to_pylist()) == sorted(ids)
+
+
+class _ShellOnUnpickle:
+    """A pickle payload that runs a shell command when loaded."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def test_pickled_message_is_refused_not_executed(redis_fleet, tmp_path, tiny_model_dir, monkeypatch) -> None:
+    """Workers accept JSON only: a pickled task message on the queue is refused unread, and the
+    worker goes on serving."""
+    import pickle
+
+    from pipeline.celery_app import make_app
+
+    redis_fleet.ensure(2)
+    live = tmp_path / "payload-is-live"
+    pickle.loads(pickle.dumps(_ShellOnUnpickle(f"touch {live}")))
+    assert live.exists()  # the payload really runs when unpickled
+
+    marker = tmp_path / "pwned"
+    # the app reads its Redis key prefix from the environment, which a later module fixture
+    # (the RabbitMQ fleet) may have changed: publish under this fleet's prefix
+    monkeypatch.setenv("TOKENMILL_REDIS_KEY_PREFIX", redis_fleet.env["TOKENMILL_REDIS_KEY_PREFIX"])
+    client = make_app(redis_fleet.broker_url, RESULT_BACKEND, redis_fleet.queue)
+    client.send_task("tokenmill.process_shard", args=(_ShellOnUnpickle(f"touch {marker}"),),
+                     serializer="pickle", queue=redis_fleet.queue)
+    wait_until(lambda: "Refusing to deserialize untrusted content of type pickle" in redis_fleet.logs(), 60,
+               "a worker to refuse the pickled message")
+    assert not marker.exists()
+
+    inp = tmp_path / "in"
+    ids = write_uniform_shards(local_put(inp), count=1, rows=3)
+    plan = make_plan(str(inp), str(tmp_path / "out"), tiny_model_dir, job_id=_job_id("after-pickle"))
+    assert _wait(redis_fleet, redis_fleet.submit(plan))["status"] == "succeeded"
+    assert sorted(read_parts(plan.output_url).column("id").to_pylist()) == sorted(ids)
+
+
+# ---- the broker restarted mid-job ------------------------------------------------------------
+
+
+@dataclass
+class OwnRedis:
+    """A Redis server this test starts, stops and restarts (AOF on, so queued and unacked
+    messages survive a restart as on a production broker)."""
+
+    port: int
+    workdir: Path
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        import shutil
+
+        binary = shutil.which("redis-server")
+        if binary is None:
+            message = "redis-server is not installed"
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
+             "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
+            stdout=(self.workdir / "redis.log").open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+        def pong() -> bool:
+            try:
+                return bool(redis.Redis.from_url(self.url, socket_timeout=1).ping())
+            except redis.RedisError:
+                return False
+
+        wait_until(pong, 30, f"redis-server on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()  # SIGTERM: Redis flushes the AOF and exits
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def own_redis(tmp_path) -> Iterator[OwnRedis]:
+    from s3_server import free_port
+
+    server = OwnRedis(free_port(), tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_broker_restart_mid_job_completes(own_redis, tmp_path_factory, tmp_path, tiny_model_dir) -> None:
+    """Stop the broker (which also holds results and job state) while shards run, start it
+    again a few seconds later: workers reconnect and the job completes, every id once."""
+    env = {
+        "TOKENMILL_BROKER_URL": f"{own_redis.url}/0",
+        "TOKENMILL_RESULT_BACKEND": f"{own_redis.url}/1",
+        "TOKENMILL_PRELOAD_ENGINE": json.dumps(tiny_engine(tiny_model_dir)),
+    }
+    run = uuid.uuid4().hex[:10]
+    fleet_env = _fleet_env(env["TOKENMILL_BROKER_URL"], f"tm-test-{run}", f"tm-test-{run}:", env)
+    fleet = Fleet(fleet_env["TOKENMILL_BROKER_URL"], fleet_env["TOKENMILL_QUEUE"], {**os.environ, **fleet_env},
+                  tmp_path_factory.mktemp(f"fleet-restart-{run}"))
+    inp = tmp_path / "in"
+    ids = write_uniform_shards(local_put(inp), count=6, rows=120)
+    plan = make_plan(str(inp), str(tmp_path / "out"), tiny_model_dir, job_id=_job_id("restart"),
+                     sampling={"max_tokens": 24, "temperature": 0.0, "ignore_eos": True})
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in fleet_env.items():
+            mp.setenv(key, value)
+        try:
+            fleet.start(2)
+            job_id = submit_job(plan, fleet.broker_url, result_backend=fleet_env["TOKENMILL_RESULT_BACKEND"],
+                                queue=fleet.queue)
+            wait_until(lambda: any(s["state"] != "queued" for s in job_status(job_id)["shards"]), 120,
+                       "a started shard")
+            own_redis.stop()
+            time.sleep(3)
+            assert all(w.proc.poll() is None for w in fleet.workers)  # workers wait, they do not exit
+            own_redis.start()
+            status = _wait(fleet, job_id)
+            assert status["status"] == "succeeded", fleet.logs()
+            output = read_parts(plan.output_url).column("id").to_pylist()
+            assert sorted(output) == sorted(ids) and len(output) == len(set(output))
+            assert success_marker_exists(plan.output_url)
+        finally:
+            fleet.stop()
