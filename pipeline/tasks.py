@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 MAX_TRANSIENT_RETRIES = 3
 FINALIZE_RETRY_S = 5
+FINALIZE_MAX_RETRIES = 24 * 3600 // FINALIZE_RETRY_S
 
 
 def _worker_name() -> str:
@@ -144,7 +145,7 @@ def _result_from_state(index: int, state: dict[str, Any], failed_reason: str | N
     ).to_dict()
 
 
-@app.task(name="tokenmill.finalize_job", bind=True, max_retries=None)
+@app.task(name="tokenmill.finalize_job", bind=True, max_retries=FINALIZE_MAX_RETRIES)
 def finalize_job(
     self, results: list[dict[str, Any]], plan_dict: dict[str, Any], shard_indices: list[int] | None = None
 ) -> dict[str, Any]:
@@ -166,9 +167,12 @@ def finalize_job(
             if states.get(i, {}).get("state") in TERMINAL_STATES:
                 by_index[i] = _result_from_state(i, states[i])
         still = [i for i in missing if i not in by_index]
-        if still:
+        if still and self.request.retries < FINALIZE_MAX_RETRIES:
             log.warning("job %s: shards %s not finished yet; finalize waits", plan.job_id, still)
             raise self.retry(countdown=FINALIZE_RETRY_S)
+        for i in still:  # a message lost for good (e.g. a broker restarted without persistence)
+            waited = FINALIZE_MAX_RETRIES * FINALIZE_RETRY_S / 3600
+            by_index[i] = _result_from_state(i, states.get(i, {}), f"no result after waiting {waited:.0f} h")
     manifest = _finish_job(plan, [by_index[i] for i in sorted(by_index)])
     return {"job_id": plan.job_id, "status": manifest["status"], "totals": manifest["totals"]}
 

@@ -384,7 +384,7 @@ def test_finalize_waits_for_a_shard_the_chord_counted_twice(tmp_path, tiny_model
     _require(6379, "Redis")
     from celery.exceptions import Retry
 
-    from pipeline.tasks import finalize_job, process_shard
+    from pipeline.tasks import FINALIZE_MAX_RETRIES, finalize_job, process_shard
 
     inp, out = tmp_path / "in", tmp_path / "out"
     ids = write_uniform_shards(local_put(inp), count=2, rows=3)
@@ -402,6 +402,13 @@ def test_finalize_waits_for_a_shard_the_chord_counted_twice(tmp_path, tiny_model
         finalize_job([first, duplicate], plan.to_dict(), shard_indices=indices)
     assert not success_marker_exists(plan.output_url)
     assert read_manifest(plan.output_url) is None
+
+    # after a day of waiting a shard whose message was lost for good is failed, not waited on forever
+    gave_up = finalize_job.apply(args=([first, duplicate], plan.to_dict()), kwargs={"shard_indices": indices},
+                                 retries=FINALIZE_MAX_RETRIES).get()
+    assert gave_up["status"] == "completed_with_errors"
+    lost = read_manifest(plan.output_url)["shards"][1]
+    assert lost["status"] == "failed" and lost["reason"] == "no result after waiting 24 h"
 
     assert process_shard(plan.to_dict(), shards[1].to_dict())["status"] == "done"
     done = finalize_job([first, duplicate], plan.to_dict(), shard_indices=indices)
