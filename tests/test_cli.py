@@ -338,3 +338,34 @@ def test_beat_schedule_entries(tmp_path: Path) -> None:
     assert JobSpec.from_dict(json.loads(json.dumps(spec_data))) == nightly  # travels as JSON, paths absolute
     with pytest.raises(ValueError, match="used by another scheduled spec"):
         beat_schedule({tmp_path / "a.toml": nightly, tmp_path / "c.toml": nightly}, None, "q1")
+
+
+def test_a_marker_secret_never_leaves_the_spec(s3_server, s3_bucket, tmp_path: Path, tiny_model_dir: Path,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """A whole embedded run over S3, with a bad row and a corrupt shard, writes the spec's
+    secret nowhere: not in the CLI output, the logs (INFO, as workers run), the manifest,
+    the parts or the report."""
+    import logging
+
+    marker = f"MARKER-SECRET-{uuid.uuid4().hex}"
+    s3 = s3_server.client()
+    rows = [{"id": "ok", "text": "A short document."}, {"id": "bad", "text": ""}]
+    s3.put_object(Bucket=s3_bucket, Key="in/a.jsonl", Body=jsonl_bytes(rows))
+    s3.put_object(Bucket=s3_bucket, Key="in/b.parquet", Body=b"PAR1 corrupt")
+    spec = tmp_path / "secret.toml"
+    spec.write_text(
+        f'name = "secret-job"\n[input]\nurl = "s3://{s3_bucket}/in/"\nid_field = "id"\n'
+        f'storage_options = {{ key = "testing", secret = "{marker}", '
+        f'client_kwargs = {{ endpoint_url = "{s3_server.endpoint_url}" }} }}\n'
+        f'[output]\nurl = "s3://{s3_bucket}/out/"\n{model_toml(tiny_model_dir)}[sampling]\nmax_tokens = 2\n'
+    )
+    with caplog.at_level(logging.INFO):
+        result = runner.invoke(app, ["run", str(spec), "--no-progress"])
+    assert result.exit_code == 1, result.output  # the corrupt shard: completed with errors
+    assert "completed_with_errors" in result.output
+    everything = [result.output, caplog.text]
+    for obj in s3.list_objects_v2(Bucket=s3_bucket, Prefix="out/")["Contents"]:
+        everything.append(s3.get_object(Bucket=s3_bucket, Key=obj["Key"])["Body"].read().decode("latin-1"))
+    assert any('"status": "completed_with_errors"' in text for text in everything)  # the manifest was read
+    for text in everything:
+        assert marker not in text
