@@ -250,3 +250,35 @@ def test_summarize_default_model(tmp_path: Path, default_model_dir: Path) -> Non
     # a real model writes real words about the document
     words = " ".join(r["output"].lower() for r in rows.values())
     assert any(w in words for w in ("rain", "flood", "road", "bus")) and any(w in words for w in ("cat", "sleep"))
+
+
+@pytest.mark.slow
+def test_evaluate_and_generate_default_model(tmp_path: Path, default_model_dir: Path) -> None:
+    """The other kinds on the real default model: scored rows and free-form prompts."""
+    questions = [
+        {"id": "q1", "question": "What colour is the sky on a clear day?\nA) green B) blue C) red", "answer": "B"},
+        {"id": "q2", "question": "How many legs does a cat have?\nA) four B) two C) six", "answer": "A"},
+    ]
+    write_jsonl(tmp_path / "eval/in/q.jsonl", questions)
+    evaluate = run(JobSpec.from_dict({
+        "name": "eval-default", "kind": "evaluate",
+        "input": {"url": "in/", "id_field": "id", "text_field": "question"}, "output": {"url": "out/"},
+        "model": {"name": "smollm2-135m-instruct", "num_kv_blocks": 256},
+        "evaluate": {"method": "choice"}, "sampling": {"max_tokens": 8},
+    }, base_dir=tmp_path / "eval"))
+    assert evaluate["status"] == "succeeded" and evaluate["summary"]["scored"] == 2
+    for row in read_parts(str(tmp_path / "eval/out")).to_pylist():
+        assert row["error"] is None and row["output_tokens"] > 0
+        assert row["correct"] == (extract_choice(row["output"]) == row["reference"])
+    assert (tmp_path / "eval/out/report.md").is_file()
+
+    write_jsonl(tmp_path / "gen/in/p.jsonl", [{"id": "p1", "prompt": "Name one fruit. Reply with one word."}])
+    generate = run(JobSpec.from_dict({
+        "name": "gen-default", "kind": "generate",
+        "input": {"url": "in/", "id_field": "id"}, "output": {"url": "out/"},
+        "prompt": {"prompt_field": "prompt"},
+        "model": {"name": "smollm2-135m-instruct", "num_kv_blocks": 256}, "sampling": {"max_tokens": 8},
+    }, base_dir=tmp_path / "gen"))
+    assert generate["status"] == "succeeded"
+    (row,) = read_parts(str(tmp_path / "gen/out")).to_pylist()
+    assert row["id"] == "p1" and row["error"] is None and row["output"].strip()
