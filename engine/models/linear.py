@@ -33,7 +33,8 @@ def fast_16bit_gemm() -> bool:
 class Linear(nn.Linear):
     """In 16-bit models a float32 copy of the weight serves the few-row products: CPU
     bfloat16 kernels reach only a few GB/s there, far below the float32 path's bandwidth.
-    Beyond a few rows the bfloat16 kernels win (twice the float32 FLOP rate here)."""
+    Beyond a few rows the native bfloat16 kernels win where the CPU has them (the reference
+    AVX-512 machine: twice the float32 FLOP rate); elsewhere every product uses the copy."""
 
     weight_f32: torch.Tensor | None = None
 
