@@ -8,6 +8,7 @@ timeout used here cannot touch anybody else's unacknowledged messages.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -126,8 +127,24 @@ class Fleet:
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
 
+    @contextlib.contextmanager
+    def own_settings(self) -> Iterator[None]:
+        """The fleet's Redis key prefix in the process environment, which client apps read when
+        built: another module fixture (the other broker's fleet) may have set its own."""
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("TOKENMILL_REDIS_KEY_PREFIX", self.env["TOKENMILL_REDIS_KEY_PREFIX"])
+            yield
+
+    def client(self):
+        """A Celery app that publishes to this fleet."""
+        from pipeline.celery_app import make_app
+
+        with self.own_settings():
+            return make_app(self.broker_url, RESULT_BACKEND, self.queue)
+
     def submit(self, plan) -> str:
-        return submit_job(plan, self.broker_url, result_backend=RESULT_BACKEND, queue=self.queue)
+        with self.own_settings():
+            return submit_job(plan, self.broker_url, result_backend=RESULT_BACKEND, queue=self.queue)
 
 
 def _fleet_env(broker_url: str, queue: str, prefix: str, extra: dict[str, str]) -> dict[str, str]:
@@ -427,12 +444,10 @@ class _ShellOnUnpickle:
         return (os.system, (self.command,))
 
 
-def test_pickled_message_is_refused_not_executed(redis_fleet, tmp_path, tiny_model_dir, monkeypatch) -> None:
+def test_pickled_message_is_refused_not_executed(redis_fleet, tmp_path, tiny_model_dir) -> None:
     """Workers accept JSON only: a pickled task message on the queue is refused unread, and the
     worker goes on serving."""
     import pickle
-
-    from pipeline.celery_app import make_app
 
     redis_fleet.ensure(2)
     live = tmp_path / "payload-is-live"
@@ -440,11 +455,7 @@ def test_pickled_message_is_refused_not_executed(redis_fleet, tmp_path, tiny_mod
     assert live.exists()  # the payload really runs when unpickled
 
     marker = tmp_path / "pwned"
-    # the app reads its Redis key prefix from the environment, which a later module fixture
-    # (the RabbitMQ fleet) may have changed: publish under this fleet's prefix
-    monkeypatch.setenv("TOKENMILL_REDIS_KEY_PREFIX", redis_fleet.env["TOKENMILL_REDIS_KEY_PREFIX"])
-    client = make_app(redis_fleet.broker_url, RESULT_BACKEND, redis_fleet.queue)
-    client.send_task("tokenmill.process_shard", args=(_ShellOnUnpickle(f"touch {marker}"),),
+    redis_fleet.client().send_task("tokenmill.process_shard", args=(_ShellOnUnpickle(f"touch {marker}"),),
                      serializer="pickle", queue=redis_fleet.queue)
     wait_until(lambda: "Refusing to deserialize untrusted content of type pickle" in redis_fleet.logs(), 60,
                "a worker to refuse the pickled message")
