@@ -196,8 +196,12 @@ def cancel(job_id: Annotated[str, typer.Argument(metavar="JOB_ID")], broker: Bro
 def worker(
     broker: BrokerOption = None,
     queues: Annotated[str | None, typer.Option("--queues", "-Q", help="comma-separated queues")] = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", "-c")] = 1,
-    pool: Annotated[str, typer.Option("--pool", help="solo keeps one engine per process")] = "solo",
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", help="shard tasks held at once (threads pool)")
+    ] = 2,
+    pool: Annotated[
+        str, typer.Option("--pool", help="threads: next shard admitted while one tails; solo: one at a time")
+    ] = "threads",
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
     hostname: Annotated[str | None, typer.Option("--hostname", "-n")] = None,
 ) -> None:

@@ -1,7 +1,7 @@
 """The Celery app of the tokenmill fleet, configured from the environment.
 
-``celery -A pipeline.celery_app worker --pool=solo -c 1`` (or ``python -m pipeline.worker``)
-starts a worker. Settings:
+``tokenmill worker`` (or ``celery -A pipeline.celery_app worker --pool=threads -c 2``) starts
+a worker. Settings:
 
 - ``TOKENMILL_BROKER_URL``      default ``redis://127.0.0.1:6379/0``; ``amqp://...`` for RabbitMQ
 - ``TOKENMILL_RESULT_BACKEND``  default ``redis://127.0.0.1:6379/1`` (chords need a real backend)

@@ -60,6 +60,18 @@ def engine_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
     return out
 
 
+def _worker_engine_stats(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each worker's engine counters as of its last shard here (they count from the engine's
+    start, so on a worker that served only this job they describe the job's batches)."""
+    latest: dict[str, dict[str, Any]] = {}
+    for r in results:
+        engine, worker = r.get("engine") or {}, r.get("worker")
+        if worker and "steps" in engine and engine["steps"] >= latest.get(worker, {}).get("steps", -1):
+            latest[worker] = {k: engine[k] for k in ("steps", "mean_running_seqs", "kv_peak_usage", "preemptions")
+                              if k in engine}
+    return dict(sorted(latest.items()))
+
+
 def build_manifest(
     plan: JobPlan,
     results: list[dict[str, Any]],
@@ -88,6 +100,7 @@ def build_manifest(
         "prefix_cache_hit_tokens": sum(r.get("cached_prompt_tokens") or 0 for r in processed),
         "kv_peak_usage": max((r.get("engine", {}).get("kv_peak_usage", 0.0) for r in results), default=0.0),
         "workers": sorted({r["worker"] for r in processed if r.get("worker")}),
+        "worker_engine_stats": _worker_engine_stats(processed),
     }
     if engine_stats:
         stats.update(engine_stats)

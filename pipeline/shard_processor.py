@@ -22,7 +22,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from connectors import (
     Record,
@@ -66,6 +66,33 @@ class ShardProgress:
 
 
 ProgressCallback = Callable[[ShardProgress], None]
+
+
+class ShardFeed(Protocol):
+    """A source of shards that may not all be known yet (a worker's incoming shard tasks).
+
+    ``next_shard(wait)`` returns the next shard, or None when there is none right now;
+    with ``wait`` (the engine is idle) it may block briefly for one. ``closed`` is True
+    once no more shards will come.
+    """
+
+    def next_shard(self, wait: bool) -> ShardRef | None: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+
+class _ListFeed:
+    """A known list of shards as a feed."""
+
+    def __init__(self, shards: Iterable[ShardRef]) -> None:
+        self._shards = iter(shards)
+        self.closed = False
+
+    def next_shard(self, wait: bool) -> ShardRef | None:
+        ref = next(self._shards, None)
+        self.closed = ref is None
+        return ref
 
 
 @dataclass
@@ -148,16 +175,20 @@ class ShardProcessor:
         (result,) = list(self.run([shard]))
         return result
 
-    def run(self, shards: Iterable[ShardRef]) -> Iterator[dict[str, Any]]:
-        """Process ``shards`` in order, overlapping each shard's tail with the next's head."""
+    def run(self, shards: Iterable[ShardRef] | ShardFeed) -> Iterator[dict[str, Any]]:
+        """Process ``shards`` in order, overlapping each shard's tail with the next's head.
+
+        ``shards`` may be a live ``ShardFeed``: the engine keeps stepping while it has
+        nothing new, and the run ends when the feed is closed and every shard is written.
+        """
         self._abort_leftovers()
-        pending = iter(shards)
+        feed: ShardFeed = shards if hasattr(shards, "next_shard") else _ListFeed(shards)
         opened: list[_OpenShard] = []
         more = True
         try:
             while True:
                 if self._stop_requested():
-                    yield from self._cancel_all(opened, pending)
+                    yield from self._cancel_all(opened, feed)
                     return
                 while len(self._in_flight) < self.max_queued:
                     reader = opened[-1] if opened and not opened[-1].exhausted else None
@@ -165,9 +196,9 @@ class ShardProcessor:
                         yield from self._finish_ready(opened)
                         if not more or len(opened) >= MAX_OPEN_SHARDS or (opened and not self.cross_shard):
                             break
-                        ref = next(pending, None)
+                        ref = feed.next_shard(wait=not self._in_flight and not opened)
                         if ref is None:
-                            more = False
+                            more = not feed.closed
                             break
                         state = self._open(ref)
                         if isinstance(state, dict):
@@ -499,18 +530,19 @@ class ShardProcessor:
             )
         return self._result(ref, "done", shard.started, **counts)
 
-    def _cancel_all(self, opened: list[_OpenShard], pending: Iterator[ShardRef]) -> Iterator[dict[str, Any]]:
+    def _cancel_all(self, opened: list[_OpenShard], feed: ShardFeed) -> Iterator[dict[str, Any]]:
         for shard in opened:
             self._fail_shard(shard, "cancelled", transient=False)
             yield self._result(shard.ref, "cancelled", shard.started, reason="job cancelled")
-        for ref in pending:
+        while (ref := feed.next_shard(wait=False)) is not None:
             yield self._result(ref, "cancelled", time.perf_counter(), reason="job cancelled")
 
     def _result(self, ref: ShardRef, status: str, started: float, **values: Any) -> dict[str, Any]:
         stats = {}
         try:
             s = self.engine.stats()
-            stats = {k: s[k] for k in ("kv_peak_usage", "prefix_cache_hit_tokens", "mean_running_seqs", "preemptions")}
+            stats = {k: s[k] for k in ("kv_peak_usage", "prefix_cache_hit_tokens", "mean_running_seqs", "preemptions",
+                                       "steps")}
         except Exception:  # a broken engine must not hide the shard's result
             pass
         counts = {k: v for k, v in values.items() if k in ("rows", "errors", "prompt_tokens", "output_tokens",

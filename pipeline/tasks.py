@@ -16,11 +16,11 @@ from typing import Any
 
 from connectors import ShardRef, write_manifest, write_success_marker
 from pipeline.celery_app import app
-from pipeline.engine_cache import get_engine, rebuild_engine
+from pipeline.engine_service import engine_service
 from pipeline.job_state import JobStateStore
 from pipeline.manifest import build_manifest, utc_now
 from pipeline.plan import JobPlan
-from pipeline.shard_processor import ShardProcessor, ShardProgress
+from pipeline.shard_processor import ShardProgress
 from pipeline.shard_result import STATUSES as TERMINAL_STATES
 from pipeline.shard_result import ShardResult
 from pipeline.summary import run_report_hook, run_summary_hook
@@ -74,7 +74,8 @@ class _Reporter:
 
 
 def run_shard(plan: JobPlan, shard: ShardRef, store: JobStateStore | None, worker: str) -> dict[str, Any]:
-    """Process one shard in this worker; always returns a ShardResult dict."""
+    """Process one shard in this worker's engine service (overlapping with the worker's other
+    shard tasks under the threads pool); always returns a ShardResult dict."""
     reporter = _Reporter(store, plan.job_id, worker)
     if store is not None and store.is_cancelled(plan.job_id):
         result = ShardResult(shard.index, shard.url, "cancelled", reason="job cancelled", worker=worker).to_dict()
@@ -82,19 +83,8 @@ def run_shard(plan: JobPlan, shard: ShardRef, store: JobStateStore | None, worke
         return result
     reporter(ShardProgress(shard.index, shard.url, "running"))
     reporter._last = 0.0
-    try:
-        engine = get_engine(plan.engine)
-        processor = ShardProcessor(
-            engine, plan, on_progress=reporter, worker=worker,
-            should_stop=(lambda: store.is_cancelled(plan.job_id)) if store is not None else None,
-            engine_factory=lambda: rebuild_engine(plan.engine),
-        )
-    except Exception as exc:
-        log.exception("cannot start shard %d of job %s", shard.index, plan.job_id)
-        reason = f"cannot start: {type(exc).__name__}: {exc}"
-        reporter(ShardProgress(shard.index, shard.url, "failed", reason=reason))
-        return ShardResult(shard.index, shard.url, "failed", reason=reason, worker=worker).to_dict()
-    return processor.process_shard(shard)
+    should_stop = (lambda: store.is_cancelled(plan.job_id)) if store is not None else None
+    return engine_service().process(plan, shard, on_progress=reporter, should_stop=should_stop, worker=worker)
 
 
 @app.task(name="tokenmill.process_shard", bind=True, max_retries=MAX_TRANSIENT_RETRIES)

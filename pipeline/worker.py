@@ -1,12 +1,15 @@
-"""Starting a fleet worker: ``python -m pipeline.worker [--queues q] [--pool solo] [-c 1]``.
+"""Starting a fleet worker (``tokenmill worker``): Celery's argv for one engine per process.
 
-The solo pool runs one shard at a time in the worker process itself, which keeps the
-one engine (and its KV pool) in one place; scale out with more worker processes.
+Default: the ``threads`` pool with 2 task threads. Each thread holds one shard task and
+waits while the process's engine service (one thread, one engine, see
+``pipeline.engine_service``) processes it, so the next shard is already admitted while
+the previous one's last requests decode. ``--pool solo`` runs one shard at a time (the
+engine drains at each shard boundary). Scale out with more worker processes, not more
+threads: the engine is the unit of compute.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -15,19 +18,24 @@ from typing import Any
 
 from pipeline.celery_app import app
 
+DEFAULT_POOL = "threads"
+DEFAULT_CONCURRENCY = 2  # shard tasks held at once: one tailing, one being admitted
+
 
 def worker_argv(
     queues: list[str] | None = None,
-    concurrency: int = 1,
-    pool: str = "solo",
+    concurrency: int = DEFAULT_CONCURRENCY,
+    pool: str = DEFAULT_POOL,
     loglevel: str = "INFO",
     hostname: str | None = None,
 ) -> list[str]:
     queues = queues or [app.conf.task_default_queue]
+    if pool not in ("threads", "solo"):
+        raise ValueError(f"pool must be 'threads' or 'solo' (one engine per process), got {pool!r}")
     return [
         "worker",
         f"--pool={pool}",
-        f"--concurrency={concurrency}",
+        f"--concurrency={1 if pool == 'solo' else concurrency}",
         f"--loglevel={loglevel}",
         f"--queues={','.join(queues)}",
         f"--hostname={hostname or f'tokenmill-{uuid.uuid4().hex[:8]}@{socket.gethostname()}'}",
@@ -40,8 +48,8 @@ def worker_argv(
 
 def start_worker(
     queues: list[str] | None = None,
-    concurrency: int = 1,
-    pool: str = "solo",
+    concurrency: int = DEFAULT_CONCURRENCY,
+    pool: str = DEFAULT_POOL,
     loglevel: str = "INFO",
     hostname: str | None = None,
     preload_engine: dict[str, Any] | None = None,
@@ -55,19 +63,3 @@ def start_worker(
     if preload_engine is not None:
         os.environ["TOKENMILL_PRELOAD_ENGINE"] = json.dumps(preload_engine)
     app.worker_main(worker_argv(queues, concurrency, pool, loglevel, hostname))
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Start a tokenmill fleet worker.")
-    parser.add_argument("--queues", "-Q", default=None, help="comma-separated queue names")
-    parser.add_argument("--concurrency", "-c", type=int, default=1)
-    parser.add_argument("--pool", default=os.environ.get("TOKENMILL_POOL", "solo"))
-    parser.add_argument("--loglevel", "-l", default="INFO")
-    parser.add_argument("--hostname", "-n", default=None)
-    args = parser.parse_args(argv)
-    queues = args.queues.split(",") if args.queues else None
-    start_worker(queues, args.concurrency, args.pool, args.loglevel, args.hostname)
-
-
-if __name__ == "__main__":
-    main()

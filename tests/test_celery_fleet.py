@@ -91,6 +91,7 @@ class Fleet:
     queue: str
     env: dict[str, str]
     logdir: Path
+    pool: str = "solo"
     workers: list[Worker] = field(default_factory=list)
 
     def start(self, count: int) -> None:
@@ -98,7 +99,8 @@ class Fleet:
         for _ in range(count):
             log = self.logdir / f"worker-{len(self.workers) + len(new)}.log"
             proc = subprocess.Popen(
-                [sys.executable, "-m", "pipeline.worker", "--queues", self.queue, "--loglevel", "INFO"],
+                [sys.executable, "-m", "jobs.cli", "worker", "--queues", self.queue, "--pool", self.pool,
+                 "--loglevel", "INFO"],
                 cwd=REPO, env=self.env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
             )
             new.append(Worker(proc, log))
@@ -171,13 +173,15 @@ def s3_env(s3_server) -> dict[str, str]:
     }
 
 
-def _make_fleet(broker_url: str, tmp_path_factory, model_dir: Path, extra: dict[str, str]) -> Iterator[Fleet]:
+def _make_fleet(
+    broker_url: str, tmp_path_factory, model_dir: Path, extra: dict[str, str], pool: str = "solo"
+) -> Iterator[Fleet]:
     run = uuid.uuid4().hex[:10]
     queue, prefix = f"tm-test-{run}", f"tm-test-{run}:"
     # workers build and warm the engine before reporting ready, so no shard pays for it
     preload = {"TOKENMILL_PRELOAD_ENGINE": json.dumps(tiny_engine(model_dir))}
     fleet_env = _fleet_env(broker_url, queue, prefix, {**preload, **extra})
-    fleet = Fleet(broker_url, queue, {**os.environ, **fleet_env}, tmp_path_factory.mktemp(f"fleet-{run}"))
+    fleet = Fleet(broker_url, queue, {**os.environ, **fleet_env}, tmp_path_factory.mktemp(f"fleet-{run}"), pool)
     with pytest.MonkeyPatch.context() as mp:
         for key, value in fleet_env.items():  # the test process submits and polls with the same settings
             mp.setenv(key, value)
@@ -207,7 +211,8 @@ def redis_fleet(tmp_path_factory, s3_env, tiny_model_dir) -> Iterator[Fleet]:
 def rabbit_fleet(tmp_path_factory, tiny_model_dir) -> Iterator[Fleet]:
     _require(6379, "Redis")
     _require(5672, "RabbitMQ")
-    yield from _make_fleet(RABBIT_BROKER, tmp_path_factory, tiny_model_dir, {})
+    # the default pool: two shard tasks per worker feeding one engine service
+    yield from _make_fleet(RABBIT_BROKER, tmp_path_factory, tiny_model_dir, {}, pool="threads")
 
 
 _JOB_IDS: list[str] = []
@@ -536,7 +541,7 @@ def test_broker_restart_mid_job_completes(own_redis, tmp_path_factory, tmp_path,
     run = uuid.uuid4().hex[:10]
     fleet_env = _fleet_env(env["TOKENMILL_BROKER_URL"], f"tm-test-{run}", f"tm-test-{run}:", env)
     fleet = Fleet(fleet_env["TOKENMILL_BROKER_URL"], fleet_env["TOKENMILL_QUEUE"], {**os.environ, **fleet_env},
-                  tmp_path_factory.mktemp(f"fleet-restart-{run}"))
+                  tmp_path_factory.mktemp(f"fleet-restart-{run}"), pool="threads")
     inp = tmp_path / "in"
     ids = write_uniform_shards(local_put(inp), count=6, rows=120)
     plan = make_plan(str(inp), str(tmp_path / "out"), tiny_model_dir, job_id=_job_id("restart"),

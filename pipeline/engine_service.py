@@ -1,0 +1,188 @@
+"""One thread per worker process owns the engine; shard tasks hand it shards and wait.
+
+A Celery task runs one shard start to finish, so a worker that runs the engine inside
+the task drains the batch at every shard boundary: the last long requests of a shard
+decode alone until the next task arrives. Here the shard tasks (Celery's ``threads``
+pool, several at once) only queue their shard and wait for its result, while this
+service's single thread keeps one ``ShardProcessor`` running over a live feed of those
+shards: the next shard's rows are admitted while the previous one's tail still decodes.
+
+Only shards of the same plan share a run (one plan = one prompt, sampling and output
+schema). When a shard of another plan is waiting, the current run takes no new shards,
+finishes the ones it has, and the next run starts with the waiting plan: no job starves.
+All engine calls happen on the service thread (one CUDA context, no torch cross-thread use).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from connectors import ShardRef
+from pipeline.engine_cache import get_engine, rebuild_engine
+from pipeline.plan import JobPlan
+from pipeline.shard_processor import ProgressCallback, ShardProcessor, ShardProgress
+from pipeline.shard_result import ShardResult
+
+log = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 0.5
+
+
+@dataclass
+class _ShardTask:
+    plan: JobPlan
+    plan_key: str
+    shard: ShardRef
+    on_progress: ProgressCallback | None
+    should_stop: Callable[[], bool] | None
+    worker: str
+    future: Future
+
+
+def plan_key(plan: JobPlan) -> str:
+    return json.dumps(plan.to_dict(), sort_keys=True, default=str)
+
+
+class _PlanFeed:
+    """The service's queued shards of one plan, as a ``ShardFeed`` for one processor run."""
+
+    def __init__(self, service: EngineService, key: str) -> None:
+        self.service, self.key = service, key
+        self.taken: dict[int, _ShardTask] = {}
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def next_shard(self, wait: bool) -> ShardRef | None:
+        with self.service._cond:
+            task = self._take()
+            if task is None and wait and not self._closed:
+                self.service._cond.wait(IDLE_WAIT_S)
+                task = self._take()
+        if task is None:
+            return None
+        self.taken[task.shard.index] = task
+        return task.shard
+
+    def _take(self) -> _ShardTask | None:
+        """The first queued shard of this plan; none once another plan waits (it goes next).
+
+        A shard whose index is already open here (a redelivered duplicate) waits until
+        the first copy is written, and is then found current and skipped.
+        """
+        queue = self.service._queue
+        if self._closed:
+            return None
+        for task in queue:
+            if task.plan_key != self.key:
+                self._closed = True
+                return None
+            if task.shard.index not in self.taken:
+                queue.remove(task)
+                return task
+        return None
+
+    def notify(self, progress: ShardProgress) -> None:
+        task = self.taken.get(progress.index)
+        if task is not None and task.on_progress is not None:
+            task.on_progress(progress)
+
+
+class EngineService:
+    """``EngineService().process(plan, shard, ...)`` blocks until that shard's ShardResult is ready.
+
+    ``cross_shard=False`` gives the old behaviour (drain between shards), for benchmarks.
+    """
+
+    def __init__(self, *, cross_shard: bool = True) -> None:
+        self.cross_shard = cross_shard
+        self._queue: deque[_ShardTask] = deque()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def submit(
+        self,
+        plan: JobPlan,
+        shard: ShardRef,
+        *,
+        on_progress: ProgressCallback | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        worker: str | None = None,
+    ) -> Future:
+        """Queue a shard; the future resolves to its ShardResult dict (it never raises for a bad shard)."""
+        future: Future = Future()
+        task = _ShardTask(plan, plan_key(plan), shard, on_progress, should_stop, worker or "", future)
+        with self._cond:
+            self._queue.append(task)
+            self._cond.notify_all()
+        return future
+
+    def process(self, plan: JobPlan, shard: ShardRef, **kwargs: Any) -> dict[str, Any]:
+        future = self.submit(plan, shard, **kwargs)
+        self.start()
+        return future.result()
+
+    def start(self) -> None:
+        with self._cond:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="tokenmill-engine", daemon=True)
+                self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                first = self._queue[0]
+            self._run_plan(first)
+
+    def _run_plan(self, first: _ShardTask) -> None:
+        """One processor run over every queued shard of ``first``'s plan, until another plan waits."""
+        feed = _PlanFeed(self, first.plan_key)
+        settings = first.plan.engine
+        try:
+            processor = ShardProcessor(
+                get_engine(settings), first.plan, cross_shard=self.cross_shard, on_progress=feed.notify,
+                should_stop=first.should_stop, engine_factory=lambda: rebuild_engine(settings),
+                worker=first.worker or None,
+            )
+            for result in processor.run(feed):
+                task = feed.taken.pop(result["index"], None)
+                if task is not None:
+                    task.future.set_result(result)
+        except Exception as exc:  # a bug, or an engine that cannot be built: fail these shards, keep serving
+            log.exception("engine service run failed")
+            reason = f"cannot process: {type(exc).__name__}: {exc}"
+            with self._cond:
+                if not feed.taken:  # never got going: the first shard (and its plan's queue) fails
+                    stranded = [t for t in self._queue if t.plan_key == first.plan_key]
+                    for t in stranded:
+                        self._queue.remove(t)
+                    feed.taken.update({t.shard.index: t for t in stranded})
+            for task in feed.taken.values():
+                task.future.set_result(
+                    ShardResult(task.shard.index, task.shard.url, "failed", reason=reason, worker=task.worker).to_dict()
+                )
+            feed.taken.clear()
+
+
+_service: EngineService | None = None
+_service_lock = threading.Lock()
+
+
+def engine_service() -> EngineService:
+    """This process's service (one engine, one thread)."""
+    global _service
+    with _service_lock:
+        if _service is None:
+            _service = EngineService()
+        return _service
