@@ -1,0 +1,100 @@
+"""Fleet cross-shard feeding: one real worker, ``--pool solo`` vs ``--pool threads -c 2``.
+
+A solo worker runs one shard task at a time, so its engine drains at every shard
+boundary. Under the threads pool the worker holds two shard tasks and its engine
+service admits the next shard while the previous one's tail decodes. Same job, same
+engine settings, one fresh worker per mode on the local Redis, side by side in one run.
+Wall time is from submit to the finalizer's manifest.
+
+    .venv/bin/python bench/bench_fleet.py --shards 24 --rows 8 --max-tokens 24
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench_cross_shard import write_shards  # noqa: E402
+from fleet_harness import FleetHarness  # noqa: E402
+
+from connectors import read_manifest  # noqa: E402
+from pipeline.fleet import wait_for_job  # noqa: E402
+from pipeline.plan import JobPlan, PromptPlan  # noqa: E402
+
+
+def run_mode(pool: str, concurrency: int, args, inp: Path, out: Path) -> dict:
+    settings = {"model": args.model, "max_num_seqs": args.max_num_seqs,
+                "max_num_batched_tokens": args.max_batched_tokens}
+    name = f"{pool}-c{concurrency}"
+    with FleetHarness(settings, pool=pool, concurrency=concurrency, logdir=out) as fleet:
+        fleet.start(1)
+        plan = JobPlan(
+            job_id=f"bench-fleet-{name}-{fleet.run}", name="bench", kind="summarize", input_url=str(inp),
+            output_url=str(out / name), id_field="id",
+            prompt=PromptPlan(system="Summarize the document in one sentence.", user_template="Document:\n{text}"),
+            sampling={"max_tokens": args.max_tokens, "temperature": 0.0}, engine=settings,
+        )
+        t = time.perf_counter()
+        job_id = fleet.submit(plan)
+        status = wait_for_job(job_id, 3600, poll_s=0.5)
+        wall = time.perf_counter() - t
+    manifest = read_manifest(plan.output_url)
+    (engine,) = manifest["engine_stats"]["worker_engine_stats"].values()
+    totals = manifest["totals"]
+    return {
+        "mode": f"--pool {pool}" + (f" -c {concurrency}" if pool == "threads" else ""),
+        "status": status["status"],
+        "wall_s": wall,
+        "rows": totals["rows"],
+        "output_tokens": totals["output_tokens"],
+        "output_tok_s": totals["output_tokens"] / wall,
+        "rows_s": totals["rows"] / wall,
+        "mean_running_seqs": engine["mean_running_seqs"],
+        "steps": engine["steps"],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--shards", type=int, default=24)
+    p.add_argument("--rows", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--max-batched-tokens", type=int, default=2048)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = p.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, out = Path(tmp) / "in", Path(tmp) / "out"
+        inp.mkdir()
+        out.mkdir()
+        write_shards(inp, args.shards, args.rows, args.seed)
+        results = [run_mode("solo", 1, args, inp, out), run_mode("threads", 2, args, inp, out)]
+
+    print(f"\n{args.shards} shards x {args.rows} rows, one worker, model {args.model}, "
+          f"max_tokens {args.max_tokens}, max_num_seqs {args.max_num_seqs}")
+    header = f"{'mode':<22}{'status':>11}{'wall s':>9}{'out tok/s':>11}{'rows/s':>9}{'mean running':>14}{'steps':>7}"
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        print(f"{r['mode']:<22}{r['status']:>11}{r['wall_s']:>9.1f}{r['output_tok_s']:>11.1f}{r['rows_s']:>9.2f}"
+              f"{r['mean_running_seqs']:>14.2f}{r['steps']:>7}")
+    solo, threads = results
+    print(f"threads / solo: {threads['output_tok_s'] / solo['output_tok_s']:.2f}x output tok/s, "
+          f"{threads['mean_running_seqs'] / solo['mean_running_seqs']:.2f}x mean running sequences")
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
+                                        indent=2))
+
+
+if __name__ == "__main__":
+    main()
