@@ -12,12 +12,23 @@ from connectors.manifest import (
     write_success_marker,
     write_text,
 )
-from connectors.parquet_sink import part_is_current, part_name, part_url, read_parts, write_part
+from connectors.parquet_sink import (
+    PartWriter,
+    part_is_current,
+    part_name,
+    part_url,
+    read_part_columns,
+    read_part_footer,
+    read_part_head,
+    read_parts,
+    write_part,
+)
 from connectors.records import Record, ShardReadError, read_records
 from connectors.shards import ShardRef, detect_format, list_shards
 from connectors.storage import StorageError, filesystem_for, is_transient, join_url, with_retries
 
 __all__ = [
+    "PartWriter",
     "Record",
     "ShardReadError",
     "ShardRef",
@@ -31,6 +42,9 @@ __all__ = [
     "part_name",
     "part_url",
     "read_manifest",
+    "read_part_columns",
+    "read_part_footer",
+    "read_part_head",
     "read_parts",
     "read_records",
     "success_marker_exists",

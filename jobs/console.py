@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
-from connectors import filesystem_for, part_url
+from connectors import read_part_head
 
 _STATUS_STYLE = {
     "succeeded": "green", "done": "green", "skipped": "green", "completed_with_errors": "yellow",
@@ -32,11 +31,9 @@ def read_samples(manifest: dict[str, Any], storage_options: dict[str, Any] | Non
             break
         if shard["status"] not in ("done", "skipped"):
             continue
-        fs, path = filesystem_for(part_url(manifest["output_url"], shard["index"]), storage_options)
-        with fs.open(path, "rb") as f:
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=count, columns=["id", "output", "error"]):
-                samples += batch.to_pylist()[: count - len(samples)]
-                break
+        samples += read_part_head(
+            manifest["output_url"], shard["index"], ["id", "output", "error"], count - len(samples), storage_options
+        )
     return samples
 
 

@@ -10,36 +10,24 @@ import json
 import logging
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from connectors import filesystem_for, part_url, with_retries
+from connectors import read_part_footer
 
 log = logging.getLogger(__name__)
 
 RESULT_KEY = b"tokenmill.result"
 
 
-def with_result(table: pa.Table, result: dict[str, Any]) -> pa.Table:
-    """The table with the shard's counts (not its timing-only fields) in the schema metadata."""
+def result_metadata(result: dict[str, Any]) -> dict[bytes, bytes]:
+    """The shard's counts (not its timing-only fields) as footer metadata."""
     keep = {k: result[k] for k in ("rows", "errors", "prompt_tokens", "output_tokens", "cached_prompt_tokens")}
-    metadata = dict(table.schema.metadata or {})
-    metadata[RESULT_KEY] = json.dumps(keep).encode("utf-8")
-    return table.replace_schema_metadata(metadata)
+    return {RESULT_KEY: json.dumps(keep).encode("utf-8")}
 
 
 def read_part_result(output_url: str, shard_index: int, storage_options: dict | None = None) -> dict[str, Any]:
     """Counts stored in a part's footer; {} if the part has none (written by something else)."""
-    url = part_url(output_url, shard_index)
-    fs, path = filesystem_for(url, storage_options)
-
-    def read() -> dict[bytes, bytes]:
-        with fs.open(path, "rb") as f:
-            return pq.read_metadata(f).metadata or {}
-
     try:
-        raw = with_retries(read, what=f"read footer of {url}").get(RESULT_KEY)
+        raw = read_part_footer(output_url, shard_index, storage_options).get(RESULT_KEY)
         return json.loads(raw) if raw else {}
     except Exception as exc:  # counts are informative only; the part itself is fine
-        log.warning("cannot read shard counts from %s: %s", url, exc)
+        log.warning("cannot read shard counts from part %d of %s: %s", shard_index, output_url, exc)
         return {}

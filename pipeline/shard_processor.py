@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from connectors import (
+    PartWriter,
     Record,
     ShardReadError,
     ShardRef,
@@ -32,14 +33,13 @@ from connectors import (
     join_url,
     part_is_current,
     read_records,
-    write_part,
     write_text,
 )
 from engine import LLMEngine, RequestError, SamplingParams
 from pipeline.hooks import load_hook
 from pipeline.openai_output import OPENAI_LINE_KEY, jsonl_name, lines_to_jsonl, openai_line
 from pipeline.output_schema import coerce_extra, output_schema, passthrough_value, rows_to_table
-from pipeline.part_info import read_part_result, with_result
+from pipeline.part_info import read_part_result, result_metadata
 from pipeline.plan import JobPlan
 from pipeline.prompts import TemplateError, prefix_key, render_messages, validate_prompt
 from pipeline.shard_result import ShardResult
@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 
 # Shards open at once: one being read, the rest waiting for their last requests to finish.
 MAX_OPEN_SHARDS = 8
+# Finished rows are appended to the shard's part file in input order once this many are
+# waiting, so a million-row shard holds a few thousand rows in memory, not a million.
+SPOOL_ROWS = 2048
 
 
 @dataclass
@@ -100,6 +103,7 @@ class _Pending:
     """A read record waiting for admission, with its messages (or why it has none)."""
 
     record: Record
+    seq: int  # position in the shard as read: the row's place in the part
     messages: list[dict[str, str]] | None
     error: str | None
 
@@ -108,6 +112,7 @@ class _Pending:
 class _InFlight:
     shard: _OpenShard
     record: Record
+    seq: int
     admitted_at: float
 
 
@@ -123,8 +128,11 @@ class _OpenShard:
     transient: bool = False
     cancelled: bool = False
     in_flight: set[str] = field(default_factory=set)
-    rows: dict[int, dict[str, Any]] = field(default_factory=dict)  # row_number -> output row
+    rows_read: int = 0
+    rows_spooled: int = 0  # rows [0, rows_spooled) are in the part writer
+    rows: dict[int, dict[str, Any]] = field(default_factory=dict)  # seq -> finished row not yet spooled
     openai_lines: dict[int, dict[str, Any]] = field(default_factory=dict)
+    writer: PartWriter | None = None
     cached_prompt_tokens: int = 0
 
 
@@ -216,6 +224,9 @@ class ShardProcessor:
             for rid in list(self._in_flight):  # closed early (error, consumer stopped): leave no work behind
                 self._abort(rid)
             self._in_flight.clear()
+            for shard in opened:
+                if shard.writer is not None:
+                    shard.writer.abort()
 
     def _finish_ready(self, opened: list[_OpenShard]) -> Iterator[dict[str, Any]]:
         """Write out every open shard that is fully read and has nothing left in the engine."""
@@ -296,20 +307,22 @@ class ShardProcessor:
         except Exception as exc:
             self._fail_shard(shard, f"{type(exc).__name__}: {exc}", transient=is_transient(exc))
             return
-        shard.buffer.extend(self._ordered(batch))
+        shard.buffer.extend(self._ordered(shard, batch))
 
-    def _ordered(self, batch: list[Record]) -> list[_Pending]:
+    def _ordered(self, shard: _OpenShard, batch: list[Record]) -> list[_Pending]:
         """Rows sharing all turns but the last go in together (prefix-cache hits), groups in
         order of first appearance, so within a read batch nothing waits behind later rows."""
         groups: dict[str, list[_Pending]] = {}
         for record in batch:
+            seq, shard.rows_read = shard.rows_read, shard.rows_read + 1
             if record.error:
-                pending = _Pending(record, None, record.error)
+                pending = _Pending(record, seq, None, record.error)
             else:
                 try:
-                    pending = _Pending(record, render_messages(self.plan.prompt, record.fields, record.row_number), None)
+                    messages = render_messages(self.plan.prompt, record.fields, record.row_number)
+                    pending = _Pending(record, seq, messages, None)
                 except TemplateError as exc:
-                    pending = _Pending(record, None, str(exc))
+                    pending = _Pending(record, seq, None, str(exc))
             key = prefix_key(pending.messages) if pending.messages else ""
             groups.setdefault(key, []).append(pending)
         return [p for group in groups.values() for p in group]
@@ -322,6 +335,9 @@ class ShardProcessor:
         shard.buffer.clear()
         shard.rows.clear()
         shard.openai_lines.clear()
+        if shard.writer is not None:
+            shard.writer.abort()
+            shard.writer = None
         shard.failed, shard.transient, shard.exhausted = reason, transient, True
         close = getattr(shard.batches, "close", None)
         if close is not None:
@@ -329,32 +345,32 @@ class ShardProcessor:
 
     # ---- admission ------------------------------------------------------------------------
     def _submit(self, shard: _OpenShard, pending: _Pending) -> None:
-        record = pending.record
+        record, seq = pending.record, pending.seq
         if pending.messages is None:
-            self._complete(shard, record, self._base_row(record, error=pending.error))
+            self._complete(shard, seq, record, self._base_row(record, error=pending.error))
             return
         try:
             token_ids = self._tokenize(record, pending.messages)
         except TemplateError as exc:
-            self._complete(shard, record, self._base_row(record, error=str(exc)))
+            self._complete(shard, seq, record, self._base_row(record, error=str(exc)))
             return
         except Exception as exc:
             message = f"row {record.row_number}: cannot apply the chat template: {exc}"
-            self._complete(shard, record, self._base_row(record, error=message))
+            self._complete(shard, seq, record, self._base_row(record, error=message))
             return
         rid = f"{self._nonce}:{shard.ref.index}:{record.row_number}"
         try:
             self.engine.add_request(rid, token_ids, self.sampling)
         except RequestError as exc:
             message = str(exc).replace(f"request {rid}", f"row {record.row_number}", 1)
-            self._complete(shard, record, self._base_row(record, error=message, prompt_tokens=len(token_ids)))
+            self._complete(shard, seq, record, self._base_row(record, error=message, prompt_tokens=len(token_ids)))
             return
         except Exception as exc:  # an engine bug must cost this row, not the shard
             log.exception("add_request failed for row %d", record.row_number)
             message = f"row {record.row_number}: cannot queue the request: {type(exc).__name__}: {exc}"
-            self._complete(shard, record, self._base_row(record, error=message, prompt_tokens=len(token_ids)))
+            self._complete(shard, seq, record, self._base_row(record, error=message, prompt_tokens=len(token_ids)))
             return
-        self._in_flight[rid] = _InFlight(shard, record, time.perf_counter())
+        self._in_flight[rid] = _InFlight(shard, record, seq, time.perf_counter())
         shard.in_flight.add(rid)
 
     def _tokenize(self, record: Record, messages: list[dict[str, str]]) -> list[int]:
@@ -427,7 +443,7 @@ class ShardProcessor:
                 error=out.error,
                 latency_s=time.perf_counter() - inf.admitted_at,
             )
-            self._complete(inf.shard, inf.record, row, notify=False)
+            self._complete(inf.shard, inf.seq, inf.record, row, notify=False)
             touched[inf.shard.ref.index] = inf.shard
         for shard in touched.values():
             self._notify(shard.progress)
@@ -441,7 +457,7 @@ class ShardProcessor:
                 inf.record, error=f"row {inf.record.row_number}: {message}",
                 latency_s=time.perf_counter() - inf.admitted_at,
             )
-            self._complete(inf.shard, inf.record, row)
+            self._complete(inf.shard, inf.seq, inf.record, row)
         self._in_flight.clear()
 
     # ---- rows -------------------------------------------------------------------------------
@@ -458,24 +474,49 @@ class ShardProcessor:
             row[name] = None
         return row
 
-    def _complete(self, shard: _OpenShard, record: Record, row: dict[str, Any], notify: bool = True) -> None:
+    def _complete(
+        self, shard: _OpenShard, seq: int, record: Record, row: dict[str, Any], notify: bool = True
+    ) -> None:
         """Run the row hook, then keep the row for the shard's part."""
+        if shard.failed is not None:  # its part is abandoned (e.g. a spool write failed)
+            return
         line = None
         if self.hook is not None:
             line = self._apply_hook(row, record)
         if self.plan.openai_output:
-            shard.openai_lines[record.row_number] = line or openai_line(
-                row, self.plan.job_id, str(self.plan.engine.get("model", ""))
-            )
-        shard.rows[record.row_number] = row
+            shard.openai_lines[seq] = line or openai_line(row, self.plan.job_id, str(self.plan.engine.get("model", "")))
+        shard.rows[seq] = row
         p = shard.progress
         p.rows_done += 1
         p.errors += row["error"] is not None
         p.prompt_tokens += row["prompt_tokens"]
         p.output_tokens += row["output_tokens"]
         shard.cached_prompt_tokens += row["cached_prompt_tokens"]
+        if len(shard.rows) >= SPOOL_ROWS:
+            self._spool(shard)
         if notify:
             self._notify(p)
+
+    def _spool(self, shard: _OpenShard) -> None:
+        """Append the finished rows that continue the part in input order to its writer."""
+        rows = []
+        while shard.rows_spooled in shard.rows:
+            rows.append(shard.rows.pop(shard.rows_spooled))
+            shard.rows_spooled += 1
+        if not rows and shard.writer is not None:
+            return
+        try:
+            if shard.writer is None:
+                shard.writer = PartWriter(
+                    self.plan.output_url, shard.ref.index, self.schema,
+                    fingerprint=self.plan.part_fingerprint(shard.ref.fingerprint),
+                    storage_options=self.plan.storage_options,
+                )
+            if rows:
+                shard.writer.write(rows_to_table(rows, self.schema))
+        except Exception as exc:
+            log.exception("cannot spool rows of part %d", shard.ref.index)
+            self._fail_shard(shard, f"cannot write the output part: {type(exc).__name__}: {exc}", transient=False)
 
     def _apply_hook(self, row: dict[str, Any], record: Record) -> dict[str, Any] | None:
         """Fill extra columns from the hook; a failing hook turns the row into an error row."""
@@ -504,10 +545,9 @@ class ShardProcessor:
         ref = shard.ref
         if shard.failed is not None:
             return self._result(ref, "failed", shard.started, reason=shard.failed, transient=shard.transient)
-        rows = [shard.rows[n] for n in sorted(shard.rows)]
         p = shard.progress
         counts = dict(
-            rows=len(rows), errors=p.errors, prompt_tokens=p.prompt_tokens, output_tokens=p.output_tokens,
+            rows=p.rows_done, errors=p.errors, prompt_tokens=p.prompt_tokens, output_tokens=p.output_tokens,
             cached_prompt_tokens=shard.cached_prompt_tokens,
         )
         try:
@@ -517,12 +557,15 @@ class ShardProcessor:
                     join_url(self.plan.output_url, jsonl_name(ref.index)), lines_to_jsonl(lines),
                     self.plan.storage_options,
                 )
-            table = with_result(rows_to_table(rows, self.schema), counts)
-            write_part(
-                self.plan.output_url, ref.index, table, fingerprint=self.plan.part_fingerprint(ref.fingerprint),
-                storage_options=self.plan.storage_options,
-            )
+            self._spool(shard)
+            if shard.failed is not None:
+                return self._result(ref, "failed", shard.started, reason=shard.failed, transient=shard.transient)
+            assert shard.writer is not None and not shard.rows, "every read row is spooled by now"
+            writer, shard.writer = shard.writer, None
+            writer.commit(result_metadata(counts))
         except Exception as exc:
+            if shard.writer is not None:
+                shard.writer.abort()
             log.exception("cannot write part %d", ref.index)
             return self._result(
                 ref, "failed", shard.started, reason=f"cannot write the output part: {type(exc).__name__}: {exc}",

@@ -15,9 +15,8 @@ import logging
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from connectors import filesystem_for, part_url, with_retries
+from connectors import read_part_columns
 from pipeline.hooks import load_hook
 from pipeline.output_schema import output_schema
 from pipeline.plan import JobPlan
@@ -28,21 +27,12 @@ SUMMARY_COLUMNS = ("id", "error", "finish_reason", "prompt_tokens", "output_toke
 
 
 def read_small_columns(plan: JobPlan, indices: list[int]) -> pa.Table:
-    schema = output_schema(plan)
     columns = [*SUMMARY_COLUMNS, *plan.extra_columns]
-    tables = []
-    for index in sorted(indices):
-        url = part_url(plan.output_url, index)
-        fs, path = filesystem_for(url, plan.storage_options)
-
-        def read(fs=fs, path=path) -> pa.Table:
-            with fs.open(path, "rb") as f:
-                return pq.read_table(f, columns=columns).replace_schema_metadata(None)
-
-        tables.append(with_retries(read, what=f"read {url}"))
-    if not tables:
+    table = read_part_columns(plan.output_url, indices, columns, plan.storage_options)
+    if table is None:
+        schema = output_schema(plan)
         return pa.schema([schema.field(c) for c in columns]).empty_table()
-    return pa.concat_tables(tables, promote_options="permissive")
+    return table
 
 
 def run_report_hook(plan: JobPlan, manifest: dict[str, Any]) -> dict[str, str] | None:

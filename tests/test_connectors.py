@@ -11,6 +11,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -21,6 +22,7 @@ import zstandard
 
 import connectors
 from connectors import (
+    PartWriter,
     ShardRef,
     StorageError,
     detect_format,
@@ -31,6 +33,7 @@ from connectors import (
     part_name,
     part_url,
     read_manifest,
+    read_part_footer,
     read_parts,
     read_records,
     success_marker_exists,
@@ -438,6 +441,32 @@ def test_killed_mid_write_leaves_no_part(store: Store, monkeypatch: pytest.Monke
     assert not part_is_current(out, 17, "1:a", store.storage_options)
     assert store.find() == []  # temp removed
     assert read_parts(out, store.storage_options).num_rows == 0
+
+
+def test_part_writer_streams_batches_and_commits_atomically(store: Store, tmp_path: Any) -> None:
+    out = store.url("out")
+    schema = _table(1).schema
+    writer = PartWriter(out, 3, schema, fingerprint="f:1", storage_options=store.storage_options)
+    local = Path(writer._local)
+    for start in (0, 50, 100):
+        writer.write(pa.Table.from_pylist([{"id": f"d{i}", "out": "x"} for i in range(start, start + 50)], schema))
+        assert not store.exists("out/part-00003.parquet")  # nothing visible until commit
+    writer.commit({b"tokenmill.result": b'{"rows": 150}'})
+
+    assert not local.exists()  # the local spool file is gone
+    assert part_is_current(out, 3, "f:1", store.storage_options)
+    assert read_part_footer(out, 3, store.storage_options)[b"tokenmill.result"] == b'{"rows": 150}'
+    assert read_parts(out, store.storage_options).column("id").to_pylist() == [f"d{i}" for i in range(150)]
+    assert [p for p in store.find() if "_tmp" in p] == []
+
+    aborted = PartWriter(out, 4, schema, fingerprint="f:2", storage_options=store.storage_options)
+    aborted.write(_table(5))
+    aborted.abort()
+    assert not Path(aborted._local).exists() and not store.exists("out/part-00004.parquet")
+
+    empty = PartWriter(out, 5, schema, fingerprint="f:3", storage_options=store.storage_options)
+    empty.commit()
+    assert part_is_current(out, 5, "f:3", store.storage_options)
 
 
 def test_killed_before_move_leaves_no_part(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
