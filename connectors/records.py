@@ -251,9 +251,24 @@ def _open_csv(
         stack.close()
         raise
 
+    def next_row() -> list[str] | str | None:
+        """The next CSV row, its error for a field over the limit (the row is skipped,
+        the reader goes on at the next line), or None at the end."""
+        try:
+            return next(reader)
+        except StopIteration:
+            return None
+        except csv.Error as exc:
+            if "field larger than field limit" not in str(exc):
+                raise
+            return f"a field is over the {csv.field_size_limit()}-byte CSV field limit"
+
     def rows() -> Iterator[_Row]:
         with stack:
-            for row in reader:
+            while (row := next_row()) is not None:
+                if isinstance(row, str):
+                    yield {}, row
+                    continue
                 if not row:
                     continue  # blank line
                 if not all(_encodes_as_utf8(value) for value in row):
