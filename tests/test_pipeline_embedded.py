@@ -237,3 +237,18 @@ def test_cancel_stops_embedded_run(dirs, tiny_model_dir) -> None:
     assert {s["status"] for s in manifest["shards"]} == {"cancelled"}
     assert not success_marker_exists(plan.output_url)
     assert not list(out.glob("part-*.parquet"))
+
+
+def test_progress_does_not_count_skipped_shards_as_speed() -> None:
+    from pipeline.progress import RunProgress
+    from pipeline.shard_processor import ShardProgress
+
+    class IdleEngine:
+        def stats(self) -> dict:
+            return {"kv_blocks_used_now": 0, "kv_blocks_total": 10}
+
+    progress = RunProgress(2, IdleEngine(), enabled=False)
+    progress(ShardProgress(0, "a", "skipped", rows_done=10, output_tokens=500_000))
+    info = progress.bar.tasks[0].fields["info"]
+    assert info == "10 rows (10 already done) · 0 tok/s · KV 0%"
+    assert progress.bar.tasks[0].completed == 1
