@@ -30,12 +30,14 @@ def submit(
     job_id: str | None = None,
     queue: str | None = None,
     result_backend: str | None = None,
+    redis_key_prefix: str | None = None,
 ) -> str:
     """Queue the job on the fleet (one task per shard); returns its job id at once."""
     from pipeline.fleet import submit_job
 
     plan = load(spec).to_plan(job_id)
-    return submit_job(plan, broker_url, result_backend=result_backend, queue=queue)
+    return submit_job(plan, broker_url, result_backend=result_backend, queue=queue,
+                      redis_key_prefix=redis_key_prefix)
 
 
 def status(job_id: str) -> dict[str, Any]:

@@ -57,7 +57,8 @@ def _env_number(name: str) -> float | None:
     return int(number) if number.is_integer() else number
 
 
-def redis_transport_options() -> dict[str, object]:
+def redis_transport_options(key_prefix: str | None = None) -> dict[str, object]:
+    """kombu's Redis transport options; ``key_prefix`` None means $TOKENMILL_REDIS_KEY_PREFIX."""
     options: dict[str, object] = {
         "visibility_timeout": _env_number("TOKENMILL_VISIBILITY_TIMEOUT") or DEFAULT_VISIBILITY_TIMEOUT_S,
     }
@@ -68,13 +69,18 @@ def redis_transport_options() -> dict[str, object]:
         value = _env_number(env)
         if value is not None:
             options[key] = value
-    prefix = os.environ.get("TOKENMILL_REDIS_KEY_PREFIX")
+    prefix = key_prefix if key_prefix is not None else os.environ.get("TOKENMILL_REDIS_KEY_PREFIX")
     if prefix:
         options["global_keyprefix"] = prefix
     return options
 
 
-def make_app(broker_url: str | None = None, result_backend: str | None = None, queue: str | None = None) -> Celery:
+def make_app(
+    broker_url: str | None = None,
+    result_backend: str | None = None,
+    queue: str | None = None,
+    redis_key_prefix: str | None = None,
+) -> Celery:
     """A configured app; arguments override the environment (used by clients of other fleets)."""
     broker = broker_url or os.environ.get("TOKENMILL_BROKER_URL") or DEFAULT_BROKER_URL
     backend = result_backend or os.environ.get("TOKENMILL_RESULT_BACKEND") or DEFAULT_RESULT_BACKEND
@@ -94,7 +100,7 @@ def make_app(broker_url: str | None = None, result_backend: str | None = None, q
         result_expires=7 * 24 * 3600,
     )
     if broker.startswith(("redis://", "rediss://", "redis+socket://")):
-        app.conf.broker_transport_options = redis_transport_options()
+        app.conf.broker_transport_options = redis_transport_options(redis_key_prefix)
     return app
 
 

@@ -8,13 +8,13 @@ a job that ran embedded (no Redis state) is described from its manifest and part
 from __future__ import annotations
 
 import functools
+import os
 import time
 from typing import Any
 
 from celery import Celery, chord
 
 from connectors import list_shards, part_is_current, read_manifest
-from pipeline.celery_app import app as default_app
 from pipeline.celery_app import make_app
 from pipeline.job_state import JobStateStore
 from pipeline.manifest import public_url, utc_now
@@ -24,11 +24,19 @@ from pipeline.shard_result import STATUSES as TERMINAL_STATES
 FINAL_STATES = ("succeeded", "completed_with_errors", "cancelled", "failed")
 
 
+def _client_app(
+    broker_url: str | None, result_backend: str | None, queue: str | None, redis_key_prefix: str | None = None
+) -> Celery:
+    """An app publishing to that fleet; the Redis key prefix is resolved now (argument, else the
+    environment), so a cached app never carries another fleet's prefix."""
+    if redis_key_prefix is None:
+        redis_key_prefix = os.environ.get("TOKENMILL_REDIS_KEY_PREFIX", "")
+    return _cached_app(broker_url, result_backend, queue, redis_key_prefix)
+
+
 @functools.lru_cache(maxsize=8)
-def _client_app(broker_url: str | None, result_backend: str | None, queue: str | None) -> Celery:
-    if broker_url is None and result_backend is None and queue is None:
-        return default_app
-    return make_app(broker_url, result_backend, queue)
+def _cached_app(broker_url: str | None, result_backend: str | None, queue: str | None, redis_key_prefix: str) -> Celery:
+    return make_app(broker_url, result_backend, queue, redis_key_prefix)
 
 
 def submit_job(
@@ -38,13 +46,17 @@ def submit_job(
     result_backend: str | None = None,
     queue: str | None = None,
     state_url: str | None = None,
+    redis_key_prefix: str | None = None,
 ) -> str:
-    """List the input shards and queue one task per shard plus the finalizer; returns the job id."""
+    """List the input shards and queue one task per shard plus the finalizer; returns the job id.
+
+    ``redis_key_prefix`` must match the workers' TOKENMILL_REDIS_KEY_PREFIX (default: this
+    process's environment)."""
     shards = list_shards(
         plan.input_url, format=plan.input_format, storage_options=plan.storage_options,
         split_row_groups=plan.split_row_groups,
     )
-    app = _client_app(broker_url, result_backend, queue)
+    app = _client_app(broker_url, result_backend, queue, redis_key_prefix)
     queue_name = app.conf.task_default_queue
     store = JobStateStore(state_url)
     store.init_job(
