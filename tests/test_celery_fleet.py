@@ -145,8 +145,8 @@ class Fleet:
             return make_app(self.broker_url, RESULT_BACKEND, self.queue)
 
     def submit(self, plan) -> str:
-        with self.own_settings():
-            return submit_job(plan, self.broker_url, result_backend=RESULT_BACKEND, queue=self.queue)
+        return submit_job(plan, self.broker_url, result_backend=RESULT_BACKEND, queue=self.queue,
+                          redis_key_prefix=self.env["TOKENMILL_REDIS_KEY_PREFIX"])
 
 
 def _fleet_env(broker_url: str, queue: str, prefix: str, extra: dict[str, str]) -> dict[str, str]:
@@ -208,6 +208,13 @@ def redis_fleet(tmp_path_factory, s3_env, tiny_model_dir) -> Iterator[Fleet]:
 
 
 @pytest.fixture(scope="module")
+def redis_threads_fleet(tmp_path_factory, s3_env, tiny_model_dir) -> Iterator[Fleet]:
+    """Workers as ``tokenmill worker`` starts them by default: two shard tasks per engine."""
+    _require(6379, "Redis")
+    yield from _make_fleet(REDIS_BROKER, tmp_path_factory, tiny_model_dir, s3_env, pool="threads")
+
+
+@pytest.fixture(scope="module")
 def rabbit_fleet(tmp_path_factory, tiny_model_dir) -> Iterator[Fleet]:
     _require(6379, "Redis")
     _require(5672, "RabbitMQ")
@@ -248,6 +255,17 @@ def _running_shard(job_id: str) -> dict[str, Any] | None:
         if shard["state"] == "running" and shard["rows_done"] > 0:
             return shard
     return None
+
+
+def test_client_apps_carry_the_key_prefix_they_were_asked_for(monkeypatch) -> None:
+    from pipeline.fleet import _client_app
+
+    monkeypatch.setenv("TOKENMILL_REDIS_KEY_PREFIX", "from-env:")
+    assert _client_app(REDIS_BROKER, RESULT_BACKEND, "q").conf.broker_transport_options["global_keyprefix"] == "from-env:"
+    explicit = _client_app(REDIS_BROKER, RESULT_BACKEND, "q", "fleet-b:")
+    assert explicit.conf.broker_transport_options["global_keyprefix"] == "fleet-b:"
+    monkeypatch.setenv("TOKENMILL_REDIS_KEY_PREFIX", "other:")  # not a stale cached app
+    assert _client_app(REDIS_BROKER, RESULT_BACKEND, "q").conf.broker_transport_options["global_keyprefix"] == "other:"
 
 
 # ---- end to end on Redis + S3 ---------------------------------------------------------------
@@ -294,6 +312,35 @@ def test_end_to_end_redis_s3_two_workers(redis_fleet, s3_server, s3_bucket, tiny
     assert manifest["totals"]["rows"] == len(ids) and manifest["totals"]["shards_done"] == 7
     assert not success_marker_exists(plan.output_url, storage_options=s3_server.storage_options)
     assert len(manifest["engine_stats"]["workers"]) == 2  # both workers took shards
+
+
+# ---- the soak bench at CI size --------------------------------------------------------------
+
+
+def test_soak_ci_sized_two_workers_redis_s3(redis_threads_fleet, s3_server, s3_bucket, tiny_model_dir) -> None:
+    """bench/soak.py's job scaled down: 2,000 rows in 8 shards, two workers on Redis, S3 on
+    loopback, max_tokens 8. Every input id comes out exactly once, every shard done, and the
+    broker's queue and unacked set are empty afterwards."""
+    fleet = redis_threads_fleet
+    fleet.ensure(2)
+    s3 = s3_server.client()
+    ids = write_uniform_shards(lambda name, data: s3.put_object(Bucket=s3_bucket, Key=f"soak/{name}", Body=data),
+                               count=8, rows=250, words=6)
+    plan = make_plan(f"s3://{s3_bucket}/soak/", f"s3://{s3_bucket}/soak-out", tiny_model_dir,
+                     job_id=_job_id("soak"), sampling={"max_tokens": 8, "temperature": 0.0, "ignore_eos": True})
+    status = _wait(fleet, fleet.submit(plan))
+
+    assert status["status"] == "succeeded", fleet.logs()
+    output = read_parts(plan.output_url, storage_options=s3_server.storage_options)
+    out_ids = output.column("id").to_pylist()
+    assert len(out_ids) == len(ids) == 2000 and sorted(out_ids) == sorted(ids)
+    assert set(output.column("output_tokens").to_pylist()) == {8}
+    manifest = read_manifest(plan.output_url, storage_options=s3_server.storage_options)
+    assert manifest["totals"]["shards_done"] == 8 and manifest["totals"]["errors"] == 0
+    assert len(manifest["engine_stats"]["workers"]) == 2
+    broker = redis.Redis.from_url(REDIS_BROKER)
+    prefix = fleet.env["TOKENMILL_REDIS_KEY_PREFIX"]
+    assert broker.llen(f"{prefix}{fleet.queue}") == 0 and broker.hlen(f"{prefix}unacked") == 0
 
 
 # ---- cancellation ---------------------------------------------------------------------------
