@@ -1,4 +1,4 @@
-"""Fleet cross-shard feeding: one real worker, ``--pool solo`` vs ``--pool threads -c 2``.
+"""Fleet cross-shard feeding: one real worker, ``--pool solo`` vs ``--pool threads -c N``.
 
 A solo worker runs one shard task at a time, so its engine drains at every shard
 boundary. Under the threads pool the worker holds two shard tasks and its engine
@@ -6,7 +6,7 @@ service admits the next shard while the previous one's tail decodes. Same job, s
 engine settings, one fresh worker per mode on the local Redis, side by side in one run.
 Wall time is from submit to the finalizer's manifest.
 
-    .venv/bin/python bench/bench_fleet.py --shards 24 --rows 8 --max-tokens 24
+    .venv/bin/python bench/bench_fleet.py --shards 24 --rows 8 --max-tokens 24 --modes solo threads:2 threads:4
 """
 
 from __future__ import annotations
@@ -70,6 +70,8 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-batched-tokens", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--modes", nargs="+", default=["solo", "threads:2"],
+                   help="worker pools to compare: solo, threads:N (N shard tasks held at once)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = p.parse_args()
 
@@ -78,7 +80,10 @@ def main() -> None:
         inp.mkdir()
         out.mkdir()
         write_shards(inp, args.shards, args.rows, args.seed)
-        results = [run_mode("solo", 1, args, inp, out), run_mode("threads", 2, args, inp, out)]
+        results = []
+        for mode in args.modes:
+            pool, _, concurrency = mode.partition(":")
+            results.append(run_mode(pool, int(concurrency or 1), args, inp, out))
 
     print(f"\n{args.shards} shards x {args.rows} rows, one worker, model {args.model}, "
           f"max_tokens {args.max_tokens}, max_num_seqs {args.max_num_seqs}")
@@ -88,9 +93,10 @@ def main() -> None:
     for r in results:
         print(f"{r['mode']:<22}{r['status']:>11}{r['wall_s']:>9.1f}{r['output_tok_s']:>11.1f}{r['rows_s']:>9.2f}"
               f"{r['mean_running_seqs']:>14.2f}{r['steps']:>7}")
-    solo, threads = results
-    print(f"threads / solo: {threads['output_tok_s'] / solo['output_tok_s']:.2f}x output tok/s, "
-          f"{threads['mean_running_seqs'] / solo['mean_running_seqs']:.2f}x mean running sequences")
+    base = results[0]
+    for r in results[1:]:
+        print(f"{r['mode']} / {base['mode']}: {r['output_tok_s'] / base['output_tok_s']:.2f}x output tok/s, "
+              f"{r['mean_running_seqs'] / base['mean_running_seqs']:.2f}x mean running sequences")
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
                                         indent=2))
