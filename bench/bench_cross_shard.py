@@ -71,16 +71,22 @@ def run_mode(cross: bool, args, inp: Path, out: Path) -> dict:
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def shard_job_arguments(description: str | None) -> argparse.ArgumentParser:
+    """The many-small-shards job both cross-shard benches run (this one and bench_fleet.py)."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--shards", type=int, default=24)
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-batched-tokens", type=int, default=2048)
-    p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main() -> None:
+    p = shard_job_arguments(__doc__)
+    p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = p.parse_args()
 

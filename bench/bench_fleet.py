@@ -11,7 +11,6 @@ Wall time is from submit to the finalizer's manifest.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_cross_shard import write_shards  # noqa: E402
+from bench_cross_shard import shard_job_arguments, write_shards  # noqa: E402
 from fleet_harness import FleetHarness  # noqa: E402
 
 from connectors import read_manifest  # noqa: E402
@@ -62,14 +61,7 @@ def run_mode(pool: str, concurrency: int, args, inp: Path, out: Path) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--shards", type=int, default=24)
-    p.add_argument("--rows", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=24)
-    p.add_argument("--max-num-seqs", type=int, default=32)
-    p.add_argument("--max-batched-tokens", type=int, default=2048)
-    p.add_argument("--seed", type=int, default=0)
+    p = shard_job_arguments(__doc__)
     p.add_argument("--modes", nargs="+", default=["solo", "threads:2"],
                    help="worker pools to compare: solo, threads:N (N shard tasks held at once)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
