@@ -39,7 +39,7 @@ import logging
 import os
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_ready
 
 log = logging.getLogger(__name__)
 
@@ -118,3 +118,17 @@ def _preload_engine(**_: object) -> None:
         from pipeline.engine_cache import get_engine
 
         get_engine(json.loads(settings))
+
+
+@worker_ready.connect
+def _preload_engine_for_threads(sender: object = None, **_: object) -> None:
+    """The threads pool sends no ``worker_process_init``: build the engine on the engine-service
+    thread before the worker logs "ready" (shard tasks that arrive meanwhile wait for it)."""
+    from celery.concurrency.thread import TaskPool as ThreadsPool
+
+    settings = os.environ.get("TOKENMILL_PRELOAD_ENGINE")
+    if settings and isinstance(getattr(sender, "pool", None), ThreadsPool):
+        from pipeline.engine_service import engine_service
+
+        engine_service().preload(json.loads(settings))
+

@@ -12,6 +12,7 @@ import gc
 import json
 import logging
 import threading
+import time
 from typing import Any
 
 from engine import EngineConfig, LLMEngine
@@ -37,9 +38,12 @@ def get_engine(settings: dict[str, Any]) -> LLMEngine:
                 log.info("engine settings changed; replacing the engine")
             _engine, _key = None, None
             gc.collect()
+            started = time.perf_counter()
             engine = LLMEngine(EngineConfig(**settings))
             warm_up(engine)
             _engine, _key = engine, key
+            log.info("engine built and warmed for %s in %.1f s (%s)", settings.get("model"),
+                     time.perf_counter() - started, threading.current_thread().name)
         return _engine
 
 

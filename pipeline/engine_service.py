@@ -15,6 +15,7 @@ All engine calls happen on the service thread (one CUDA context, no torch cross-
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -96,6 +97,12 @@ class _PlanFeed:
         if task is not None and task.on_progress is not None:
             task.on_progress(progress)
 
+    def should_stop(self) -> bool:
+        """The job's cancel flag, asked through any of its shard tasks that can (a task started
+        while the state store was unreachable has no check of its own)."""
+        checks = [t.should_stop for t in self.taken.values() if t.should_stop is not None]
+        return bool(checks) and checks[0]()
+
 
 class EngineService:
     """``EngineService().process(plan, shard, ...)`` blocks until that shard's ShardResult is ready.
@@ -106,6 +113,7 @@ class EngineService:
     def __init__(self, *, cross_shard: bool = True) -> None:
         self.cross_shard = cross_shard
         self._queue: deque[_ShardTask] = deque()
+        self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -131,6 +139,15 @@ class EngineService:
         self.start()
         return future.result()
 
+    def preload(self, settings: dict[str, Any]) -> None:
+        """Build and warm the engine on the service thread (where it will run) and wait for it."""
+        future: Future = Future()
+        with self._cond:
+            self._calls.append((lambda: get_engine(settings), future))
+            self._cond.notify_all()
+        self.start()
+        future.result()
+
     def start(self) -> None:
         with self._cond:
             if self._thread is None or not self._thread.is_alive():
@@ -140,9 +157,17 @@ class EngineService:
     def _serve(self) -> None:
         while True:
             with self._cond:
-                while not self._queue:
+                while not self._queue and not self._calls:
                     self._cond.wait()
-                first = self._queue[0]
+                call = self._calls.popleft() if self._calls else None
+                first = self._queue[0] if call is None else None
+            if call is not None:
+                fn, future = call
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:
+                    future.set_exception(exc)
+                continue
             self._run_plan(first)
 
     def _run_plan(self, first: _ShardTask) -> None:
@@ -152,14 +177,15 @@ class EngineService:
         try:
             processor = ShardProcessor(
                 get_engine(settings), first.plan, cross_shard=self.cross_shard, on_progress=feed.notify,
-                should_stop=first.should_stop, engine_factory=lambda: rebuild_engine(settings),
+                should_stop=feed.should_stop, engine_factory=lambda: rebuild_engine(settings),
                 worker=first.worker or None,
             )
             for result in processor.run(feed):
                 task = feed.taken.pop(result["index"], None)
                 if task is not None:
                     task.future.set_result(result)
-        except Exception as exc:  # a bug, or an engine that cannot be built: fail these shards, keep serving
+        except BaseException as exc:  # a bug, an engine that cannot be built, a hook calling sys.exit:
+            # fail these shards and keep serving; a dead service thread would leave every task waiting
             log.exception("engine service run failed")
             reason = f"cannot process: {type(exc).__name__}: {exc}"
             with self._cond:
@@ -169,6 +195,8 @@ class EngineService:
                         self._queue.remove(t)
                     feed.taken.update({t.shard.index: t for t in stranded})
             for task in feed.taken.values():
+                with contextlib.suppress(Exception):  # the shard's state must not stay "running"
+                    feed.notify(ShardProgress(task.shard.index, task.shard.url, "failed", reason=reason))
                 task.future.set_result(
                     ShardResult(task.shard.index, task.shard.url, "failed", reason=reason, worker=task.worker).to_dict()
                 )

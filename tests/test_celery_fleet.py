@@ -401,6 +401,16 @@ def test_killed_worker_shard_is_redelivered_rabbitmq(rabbit_fleet, tmp_path, tin
     _kill_mid_shard(rabbit_fleet, tmp_path, tiny_model_dir, "kill-rabbit")
 
 
+def test_threads_worker_builds_its_engine_on_the_service_thread_before_ready(rabbit_fleet) -> None:
+    """The threads pool sends no worker_process_init: the preload runs on worker_ready instead,
+    on the thread that will run the engine, before the worker says it is ready."""
+    rabbit_fleet.ensure(1)
+    log = rabbit_fleet.alive()[0].log.read_text()
+    built = log.index("engine built and warmed for ")
+    assert "(tokenmill-engine)" in log[built:built + 300]
+    assert built < log.index(" ready.")
+
+
 # ---- in-process task calls ------------------------------------------------------------------
 
 

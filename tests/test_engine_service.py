@@ -9,8 +9,8 @@ import pytest
 from pipeline_support import local_put, make_plan, write_uniform_shards
 
 from connectors import list_shards, read_parts
-from pipeline.engine_service import EngineService
-from pipeline.shard_processor import ShardProgress
+from pipeline.engine_service import EngineService, _PlanFeed, _ShardTask
+from pipeline.shard_processor import ShardProcessor, ShardProgress
 
 
 def _events(log: list[tuple[int, str]]):
@@ -59,12 +59,15 @@ def test_plans_take_turns_and_a_broken_plan_fails_only_its_shards(tmp_path: Path
     (plan_a, shards_a, ids_a), (plan_b, shards_b, ids_b) = runs["a"], runs["b"]
     order = [(plan_a, shards_a[0]), (plan_b, shards_b[0]), (broken, shards_a[0]), (plan_a, shards_a[1]),
              (plan_b, shards_b[1])]
-    futures = [service.submit(plan, shard) for plan, shard in order]
+    broken_events: list[tuple[int, str]] = []
+    futures = [service.submit(plan, shard, on_progress=_events(broken_events) if plan is broken else None)
+               for plan, shard in order]
     service.start()
     results = [f.result(timeout=300) for f in futures]
 
     assert [r["status"] for r in results] == ["done", "done", "failed", "done", "done"]
     assert results[2]["reason"].startswith("cannot process: ")
+    assert broken_events == [(0, "failed")]  # its state is reported, it does not stay "running"
     assert sorted(read_parts(plan_a.output_url).column("id").to_pylist()) == sorted(ids_a)
     assert sorted(read_parts(plan_b.output_url).column("id").to_pylist()) == sorted(ids_b)
 
@@ -81,3 +84,42 @@ def test_a_duplicate_delivery_waits_for_the_first_copy_and_is_skipped(tmp_path: 
     assert (first["status"], second["status"]) == ("done", "skipped")
     assert second["rows"] == first["rows"] == 4
     assert sorted(read_parts(plan.output_url).column("id").to_pylist()) == sorted(ids)
+
+
+def test_a_run_that_dies_fails_its_shards_and_the_service_keeps_serving(
+    tmp_path: Path, tiny_model_dir, monkeypatch
+) -> None:
+    """Even a BaseException (a hook calling sys.exit) must not kill the service thread: every
+    shard task of the worker would wait forever."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    write_uniform_shards(local_put(inp), count=2, rows=3)
+    plan = make_plan(str(inp), str(out), tiny_model_dir, job_id="svc-exit")
+    first, second = list_shards(plan.input_url)
+    real_step = ShardProcessor._step
+    exits = []
+
+    def step_once_exits(self) -> None:
+        if not exits:
+            exits.append(1)
+            raise SystemExit("hook called exit")
+        real_step(self)
+
+    monkeypatch.setattr(ShardProcessor, "_step", step_once_exits)
+    service = EngineService()
+    failed = service.submit(plan, first)
+    service.start()
+    assert failed.result(timeout=300)["reason"] == "cannot process: SystemExit: hook called exit"
+    later = service.submit(plan, second)
+    assert later.result(timeout=300)["status"] == "done"
+
+
+def test_cancel_is_asked_through_any_task_of_the_run() -> None:
+    feed = _PlanFeed(EngineService(), "k")
+
+    def task(index: int, should_stop) -> _ShardTask:
+        return _ShardTask(None, "k", None, None, should_stop, "w", None)  # type: ignore[arg-type]
+
+    feed.taken = {0: task(0, None)}
+    assert feed.should_stop() is False  # nobody can ask: carry on
+    feed.taken[1] = task(1, lambda: True)
+    assert feed.should_stop() is True
