@@ -75,9 +75,12 @@ class PartWriter:
         os.close(fd)
         metadata = dict(schema.metadata or {})
         metadata[FINGERPRINT_KEY] = fingerprint.encode("utf-8")
-        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
-            self._local, schema.with_metadata(metadata), compression="zstd"
-        )
+        self._writer: pq.ParquetWriter | None = None
+        try:
+            self._writer = pq.ParquetWriter(self._local, schema.with_metadata(metadata), compression="zstd")
+        except BaseException:
+            self.abort()
+            raise
         self.rows = 0
 
     def write(self, table: pa.Table) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from celery import Celery, chord
 
 from connectors import list_shards, part_is_current, read_manifest
-from pipeline.celery_app import make_app
+from pipeline.celery_app import DEFAULT_BROKER_URL, DEFAULT_QUEUE, DEFAULT_RESULT_BACKEND, make_app
 from pipeline.job_state import JobStateStore
 from pipeline.manifest import public_url, utc_now
 from pipeline.plan import JobPlan
@@ -27,15 +27,19 @@ FINAL_STATES = ("succeeded", "completed_with_errors", "cancelled", "failed")
 def _client_app(
     broker_url: str | None, result_backend: str | None, queue: str | None, redis_key_prefix: str | None = None
 ) -> Celery:
-    """An app publishing to that fleet; the Redis key prefix is resolved now (argument, else the
-    environment), so a cached app never carries another fleet's prefix."""
-    if redis_key_prefix is None:
-        redis_key_prefix = os.environ.get("TOKENMILL_REDIS_KEY_PREFIX", "")
-    return _cached_app(broker_url, result_backend, queue, redis_key_prefix)
+    """An app publishing to that fleet. Settings not given are resolved from the environment now,
+    so a cached app never carries another fleet's broker, queue or key prefix."""
+    env = os.environ.get
+    return _cached_app(
+        broker_url or env("TOKENMILL_BROKER_URL") or DEFAULT_BROKER_URL,
+        result_backend or env("TOKENMILL_RESULT_BACKEND") or DEFAULT_RESULT_BACKEND,
+        queue or env("TOKENMILL_QUEUE") or DEFAULT_QUEUE,
+        redis_key_prefix if redis_key_prefix is not None else env("TOKENMILL_REDIS_KEY_PREFIX", ""),
+    )
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_app(broker_url: str | None, result_backend: str | None, queue: str | None, redis_key_prefix: str) -> Celery:
+def _cached_app(broker_url: str, result_backend: str, queue: str, redis_key_prefix: str) -> Celery:
     return make_app(broker_url, result_backend, queue, redis_key_prefix)
 
 

@@ -492,10 +492,19 @@ class ShardProcessor:
         p.prompt_tokens += row["prompt_tokens"]
         p.output_tokens += row["output_tokens"]
         shard.cached_prompt_tokens += row["cached_prompt_tokens"]
-        if len(shard.rows) >= SPOOL_ROWS:
+        if len(shard.rows) >= SPOOL_ROWS and self._in_order(shard, SPOOL_ROWS // 4) >= SPOOL_ROWS // 4:
             self._spool(shard)
         if notify:
             self._notify(p)
+
+    @staticmethod
+    def _in_order(shard: _OpenShard, enough: int) -> int:
+        """How many finished rows continue the part without a gap (one slow row holds the rest back;
+        spooling only runs of a useful length keeps row groups from shrinking to a few rows)."""
+        n = 0
+        while n < enough and shard.rows_spooled + n in shard.rows:
+            n += 1
+        return n
 
     def _spool(self, shard: _OpenShard) -> None:
         """Append the finished rows that continue the part in input order to its writer."""
@@ -561,8 +570,8 @@ class ShardProcessor:
             if shard.failed is not None:
                 return self._result(ref, "failed", shard.started, reason=shard.failed, transient=shard.transient)
             assert shard.writer is not None and not shard.rows, "every read row is spooled by now"
-            writer, shard.writer = shard.writer, None
-            writer.commit(result_metadata(counts))
+            shard.writer.commit(result_metadata(counts))  # commit closes the writer and its local file
+            shard.writer = None
         except Exception as exc:
             if shard.writer is not None:
                 shard.writer.abort()
