@@ -11,7 +11,6 @@ Wall time is from submit to the finalizer's manifest.
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_cross_shard import shard_job_arguments, write_shards  # noqa: E402
+from bench_cross_shard import report_ratios, shard_job_arguments, write_shards  # noqa: E402
 from fleet_harness import FleetHarness  # noqa: E402
 
 from connectors import read_manifest  # noqa: E402
@@ -85,13 +84,7 @@ def main() -> None:
     for r in results:
         print(f"{r['mode']:<22}{r['status']:>11}{r['wall_s']:>9.1f}{r['output_tok_s']:>11.1f}{r['rows_s']:>9.2f}"
               f"{r['mean_running_seqs']:>14.2f}{r['steps']:>7}")
-    base = results[0]
-    for r in results[1:]:
-        print(f"{r['mode']} / {base['mode']}: {r['output_tok_s'] / base['output_tok_s']:.2f}x output tok/s, "
-              f"{r['mean_running_seqs'] / base['mean_running_seqs']:.2f}x mean running sequences")
-    if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
-                                        indent=2))
+    report_ratios(results, args)
 
 
 if __name__ == "__main__":
