@@ -34,6 +34,11 @@ def part_url(output_url: str, shard_index: int) -> str:
     return join_url(output_url, part_name(shard_index))
 
 
+def _with_fingerprint(schema: pa.Schema, fingerprint: str) -> pa.Schema:
+    """The part's schema with the input fingerprint in its metadata (stored in the footer)."""
+    return schema.with_metadata({**(schema.metadata or {}), FINGERPRINT_KEY: fingerprint.encode("utf-8")})
+
+
 def write_part(
     output_url: str,
     shard_index: int,
@@ -45,9 +50,7 @@ def write_part(
     """Write `table` as the part for `shard_index` via temp + move; returns the final URL."""
     url = part_url(output_url, shard_index)
     fs, path = filesystem_for(url, storage_options)
-    metadata = dict(table.schema.metadata or {})
-    metadata[FINGERPRINT_KEY] = fingerprint.encode("utf-8")
-    table = table.replace_schema_metadata(metadata)
+    table = table.replace_schema_metadata(_with_fingerprint(table.schema, fingerprint).metadata)
     atomic_write(fs, path, lambda f: pq.write_table(table, f, compression="zstd"), what=url)
     return url
 
@@ -73,20 +76,16 @@ class PartWriter:
         self.storage_options = storage_options
         fd, self._local = tempfile.mkstemp(prefix=f"tokenmill-{part_name(shard_index)}-", suffix=".tmp")
         os.close(fd)
-        metadata = dict(schema.metadata or {})
-        metadata[FINGERPRINT_KEY] = fingerprint.encode("utf-8")
         self._writer: pq.ParquetWriter | None = None
         try:
-            self._writer = pq.ParquetWriter(self._local, schema.with_metadata(metadata), compression="zstd")
+            self._writer = pq.ParquetWriter(self._local, _with_fingerprint(schema, fingerprint), compression="zstd")
         except BaseException:
             self.abort()
             raise
-        self.rows = 0
 
     def write(self, table: pa.Table) -> None:
         assert self._writer is not None, "part already committed or aborted"
         self._writer.write_table(table)
-        self.rows += table.num_rows
 
     def commit(self, metadata: dict[bytes, bytes] | None = None) -> str:
         """Finish the file with ``metadata`` in its footer and move it to the part's URL."""
@@ -119,9 +118,10 @@ class PartWriter:
 
 
 def read_part_footer(output_url: str, shard_index: int, storage_options: dict | None = None) -> dict[bytes, bytes]:
-    """The key-value metadata in a part's footer (one small read)."""
+    """The key-value metadata in a part's footer (one small read of the object as it is now)."""
     url = part_url(output_url, shard_index)
     fs, path = filesystem_for(url, storage_options)
+    fs.invalidate_cache(path)
 
     def read() -> dict[bytes, bytes]:
         with fs.open(path, "rb") as f:
@@ -134,16 +134,8 @@ def part_is_current(
     output_url: str, shard_index: int, fingerprint: str, storage_options: dict | None = None
 ) -> bool:
     """True iff the part exists and was written from input with this fingerprint (footer read only)."""
-    url = part_url(output_url, shard_index)
-    fs, path = filesystem_for(url, storage_options)
-    fs.invalidate_cache(path)
-
-    def stored() -> bytes | None:
-        with fs.open(path, "rb") as f:
-            return (pq.read_metadata(f).metadata or {}).get(FINGERPRINT_KEY)
-
     try:
-        value = with_retries(stored, what=f"read footer of {url}")
+        value = read_part_footer(output_url, shard_index, storage_options).get(FINGERPRINT_KEY)
     except FileNotFoundError:
         return False
     except Exception as exc:
