@@ -57,16 +57,12 @@ class _PlanFeed:
     def __init__(self, service: EngineService, key: str) -> None:
         self.service, self.key = service, key
         self.taken: dict[int, _ShardTask] = {}
-        self._closed = False
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
+        self.closed = False  # set once another plan's shard waits: this run takes no more
 
     def next_shard(self, wait: bool) -> ShardRef | None:
         with self.service._cond:
             task = self._take()
-            if task is None and wait and not self._closed:
+            if task is None and wait and not self.closed:
                 self.service._cond.wait(IDLE_WAIT_S)
                 task = self._take()
         if task is None:
@@ -81,11 +77,11 @@ class _PlanFeed:
         the first copy is written, and is then found current and skipped.
         """
         queue = self.service._queue
-        if self._closed:
+        if self.closed:
             return None
         for task in queue:
             if task.plan_key != self.key:
-                self._closed = True
+                self.closed = True
                 return None
             if task.shard.index not in self.taken:
                 queue.remove(task)

@@ -492,28 +492,22 @@ class ShardProcessor:
         p.prompt_tokens += row["prompt_tokens"]
         p.output_tokens += row["output_tokens"]
         shard.cached_prompt_tokens += row["cached_prompt_tokens"]
-        if len(shard.rows) >= SPOOL_ROWS and self._in_order(shard, SPOOL_ROWS // 4) >= SPOOL_ROWS // 4:
-            self._spool(shard)
+        if len(shard.rows) >= SPOOL_ROWS:
+            self._spool(shard, at_least=SPOOL_ROWS // 4)
         if notify:
             self._notify(p)
 
-    @staticmethod
-    def _in_order(shard: _OpenShard, enough: int) -> int:
-        """How many finished rows continue the part without a gap (one slow row holds the rest back;
-        spooling only runs of a useful length keeps row groups from shrinking to a few rows)."""
+    def _spool(self, shard: _OpenShard, at_least: int = 0) -> None:
+        """Append the finished rows that continue the part in input order to its writer, if there
+        are ``at_least`` of them: one slow row holds the rest back, and spooling only runs of a
+        useful length keeps row groups from shrinking to a few rows."""
         n = 0
-        while n < enough and shard.rows_spooled + n in shard.rows:
+        while shard.rows_spooled + n in shard.rows:
             n += 1
-        return n
-
-    def _spool(self, shard: _OpenShard) -> None:
-        """Append the finished rows that continue the part in input order to its writer."""
-        rows = []
-        while shard.rows_spooled in shard.rows:
-            rows.append(shard.rows.pop(shard.rows_spooled))
-            shard.rows_spooled += 1
-        if not rows and shard.writer is not None:
+        if n < at_least or (n == 0 and shard.writer is not None):
             return
+        rows = [shard.rows.pop(shard.rows_spooled + i) for i in range(n)]
+        shard.rows_spooled += n
         try:
             if shard.writer is None:
                 shard.writer = PartWriter(
