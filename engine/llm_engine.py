@@ -13,6 +13,7 @@ from engine.attention import get_backend
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
+from engine.device_features import announce, choose_features
 from engine.host import tune_for_cpu
 from engine.kv_cache import allocate_kv_pool, blocks_from_budget, blocks_from_cuda_memory, bytes_per_block
 from engine.model_loader import load_config, load_model
@@ -47,7 +48,9 @@ class LLMEngine:
             self.model = torch.compile(self.model, dynamic=True)
         self.tokenizer = self._load_tokenizer()
         self.eos_token_ids = self._eos_token_ids()
-        backend = get_backend(config.attention_backend, device)
+        features = choose_features(device, config.attention_backend, config.enforce_eager, config.num_kv_blocks)
+        announce(features)
+        backend = get_backend(features.attention_backend, device)
         m = self.model if not config.compile else self.model._orig_mod
         kv_dtype = backend.kv_cache_dtype(config.torch_dtype)
         per_block = bytes_per_block(
@@ -68,7 +71,7 @@ class LLMEngine:
         self.runner = ModelRunner(m, backend, kv_pool, config.block_size, device)
         if config.compile:
             self.runner.model = self.model
-        if device.startswith("cuda") and backend.name == "triton" and not config.enforce_eager:
+        if features.cuda_graphs:
             self.runner.decode_graphs = DecodeGraphs(
                 m, config.block_size, self.max_model_len, config.max_num_seqs, device
             )

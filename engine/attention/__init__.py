@@ -5,9 +5,10 @@ from engine.attention.metadata import AttentionMetadata
 
 
 def get_backend(name: str, device: str) -> AttentionBackend:
-    """``auto`` picks Triton on CUDA and torch elsewhere."""
+    """``auto`` is torch everywhere until the Triton path is verified on a GPU
+    (``engine/device_features.py``); ask for ``triton`` by name."""
     if name == "auto":
-        name = "triton" if device.startswith("cuda") else "torch"
+        name = "torch"
     if name == "torch":
         from engine.attention.torch_backend import TorchAttentionBackend
 
