@@ -4,8 +4,10 @@ Plain arguments only (URLs, storage_options, tables); nothing here knows about t
 engine, Celery or job specs.
 """
 
+from connectors.credentials import CredentialError, literal_credentials
 from connectors.manifest import (
     read_manifest,
+    remove_success_marker,
     success_marker_exists,
     write_bytes,
     write_manifest,
@@ -13,7 +15,9 @@ from connectors.manifest import (
     write_text,
 )
 from connectors.parquet_sink import (
+    PartId,
     PartWriter,
+    part_id_of,
     part_is_current,
     part_name,
     part_url,
@@ -21,13 +25,24 @@ from connectors.parquet_sink import (
     read_part_footer,
     read_part_head,
     read_parts,
+    remove_stale_parts,
     write_part,
 )
 from connectors.records import Record, ShardReadError, read_records
 from connectors.shards import ShardRef, detect_format, list_shards
-from connectors.storage import StorageError, filesystem_for, is_transient, join_url, with_retries
+from connectors.storage import (
+    StorageError,
+    filesystem_for,
+    has_userinfo,
+    is_transient,
+    join_url,
+    public_url,
+    with_retries,
+)
 
 __all__ = [
+    "CredentialError",
+    "PartId",
     "PartWriter",
     "Record",
     "ShardReadError",
@@ -35,18 +50,24 @@ __all__ = [
     "StorageError",
     "detect_format",
     "filesystem_for",
+    "has_userinfo",
     "is_transient",
     "join_url",
     "list_shards",
+    "literal_credentials",
+    "part_id_of",
     "part_is_current",
     "part_name",
     "part_url",
+    "public_url",
     "read_manifest",
     "read_part_columns",
     "read_part_footer",
     "read_part_head",
     "read_parts",
     "read_records",
+    "remove_stale_parts",
+    "remove_success_marker",
     "success_marker_exists",
     "with_retries",
     "write_bytes",

@@ -1,5 +1,8 @@
 """Small job-level objects in the output location: manifest, _SUCCESS marker, reports.
 
+``_SUCCESS`` describes one run: a run removes it before it replaces any part and writes
+it only when its own manifest says succeeded.
+
 All writes go through the same temp + move as parts, so a reader never sees a
 half-written manifest or report.
 """
@@ -65,6 +68,19 @@ def read_manifest(output_url: str, storage_options: dict | None = None) -> dict[
 def write_success_marker(output_url: str, storage_options: dict | None = None) -> None:
     """Empty `_SUCCESS`, the conventional "all parts are committed" flag."""
     write_bytes(join_url(output_url, SUCCESS_NAME), b"", storage_options)
+
+
+def remove_success_marker(output_url: str, storage_options: dict | None = None) -> None:
+    """Delete `_SUCCESS`, if there is one: a run is about to replace parts."""
+    url = join_url(output_url, SUCCESS_NAME)
+    fs, path = filesystem_for(url, storage_options)
+    fs.invalidate_cache(path)
+    try:
+        with_retries(lambda: fs.rm_file(path), what=f"remove {url}")
+    except FileNotFoundError:
+        pass
+    finally:
+        fs.invalidate_cache(path)
 
 
 def success_marker_exists(output_url: str, storage_options: dict | None = None) -> bool:

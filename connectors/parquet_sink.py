@@ -1,16 +1,22 @@
 """Parquet output parts: one atomically committed file per input shard.
 
-Each part records the input shard's fingerprint in its footer, so a re-run can
-skip shards whose part is already current by reading only the footer.
+A part is named by its shard's ``part_id`` (``part-<id>.parquet``, see ``ShardRef``),
+which does not move when other inputs come and go. Each part records the input
+shard's fingerprint in its footer, so a re-run can skip shards whose part is already
+current by reading only the footer. The job manifest lists the parts that belong to
+the job; ``remove_stale_parts`` deletes the others.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import posixpath
+import re
 import shutil
 import tempfile
+from collections.abc import Iterable
 from typing import IO
 
 import pyarrow as pa
@@ -19,19 +25,38 @@ import pyarrow.parquet as pq
 from connectors.atomic import atomic_write
 from connectors.storage import StorageError, filesystem_for, is_transient, join_url, with_retries
 
+log = logging.getLogger(__name__)
+
 FINGERPRINT_KEY = b"tokenmill.fingerprint"
 COPY_CHUNK = 1 << 20
+_PART_FILE = re.compile(r"^part-([A-Za-z0-9_-]+)\.[a-z]+$")
+
+# A part's identity: a ShardRef.part_id (str), or a plain number (zero-padded, for callers
+# that number their own parts).
+PartId = int | str
 
 
-def part_name(shard_index: int) -> str:
-    """`part-00017.parquet`: zero-padded so names sort like shard numbers."""
-    if shard_index < 0:
-        raise ValueError(f"shard index must be >= 0, got {shard_index}")
-    return f"part-{shard_index:05d}.parquet"
+def part_name(part: PartId, ext: str = "parquet") -> str:
+    """`part-<id>.parquet` (`part-00017.parquet` for a number)."""
+    if isinstance(part, int):
+        if part < 0:
+            raise ValueError(f"shard index must be >= 0, got {part}")
+        part = f"{part:05d}"
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", part):
+        raise ValueError(f"part id must be letters, digits, '_' or '-', got {part!r}")
+    return f"part-{part}.{ext}"
 
 
-def part_url(output_url: str, shard_index: int) -> str:
-    return join_url(output_url, part_name(shard_index))
+def part_id_of(name: str) -> str:
+    """The id in a part file name (`part-<id>.parquet` -> `<id>`)."""
+    match = _PART_FILE.match(name)
+    if match is None:
+        raise ValueError(f"not a part file name: {name!r}")
+    return match.group(1)
+
+
+def part_url(output_url: str, part: PartId) -> str:
+    return join_url(output_url, part_name(part))
 
 
 def _with_fingerprint(schema: pa.Schema, fingerprint: str) -> pa.Schema:
@@ -41,14 +66,14 @@ def _with_fingerprint(schema: pa.Schema, fingerprint: str) -> pa.Schema:
 
 def write_part(
     output_url: str,
-    shard_index: int,
+    part: PartId,
     table: pa.Table,
     *,
     fingerprint: str,
     storage_options: dict | None = None,
 ) -> str:
-    """Write `table` as the part for `shard_index` via temp + move; returns the final URL."""
-    url = part_url(output_url, shard_index)
+    """Write `table` as the part for `part` via temp + move; returns the final URL."""
+    url = part_url(output_url, part)
     fs, path = filesystem_for(url, storage_options)
     table = table.replace_schema_metadata(_with_fingerprint(table.schema, fingerprint).metadata)
     atomic_write(fs, path, lambda f: pq.write_table(table, f, compression="zstd"), what=url)
@@ -66,15 +91,15 @@ class PartWriter:
     def __init__(
         self,
         output_url: str,
-        shard_index: int,
+        part: PartId,
         schema: pa.Schema,
         *,
         fingerprint: str,
         storage_options: dict | None = None,
     ) -> None:
-        self.url = part_url(output_url, shard_index)
+        self.url = part_url(output_url, part)
         self.storage_options = storage_options
-        fd, self._local = tempfile.mkstemp(prefix=f"tokenmill-{part_name(shard_index)}-", suffix=".tmp")
+        fd, self._local = tempfile.mkstemp(prefix=f"tokenmill-{part_name(part)}-", suffix=".tmp")
         os.close(fd)
         self._writer: pq.ParquetWriter | None = None
         try:
@@ -117,9 +142,9 @@ class PartWriter:
             os.remove(self._local)
 
 
-def read_part_footer(output_url: str, shard_index: int, storage_options: dict | None = None) -> dict[bytes, bytes]:
+def read_part_footer(output_url: str, part: PartId, storage_options: dict | None = None) -> dict[bytes, bytes]:
     """The key-value metadata in a part's footer (one small read of the object as it is now)."""
-    url = part_url(output_url, shard_index)
+    url = part_url(output_url, part)
     fs, path = filesystem_for(url, storage_options)
     fs.invalidate_cache(path)
 
@@ -131,11 +156,11 @@ def read_part_footer(output_url: str, shard_index: int, storage_options: dict | 
 
 
 def part_is_current(
-    output_url: str, shard_index: int, fingerprint: str, storage_options: dict | None = None
+    output_url: str, part: PartId, fingerprint: str, storage_options: dict | None = None
 ) -> bool:
     """True iff the part exists and was written from input with this fingerprint (footer read only)."""
     try:
-        value = read_part_footer(output_url, shard_index, storage_options).get(FINGERPRINT_KEY)
+        value = read_part_footer(output_url, part, storage_options).get(FINGERPRINT_KEY)
     except FileNotFoundError:
         return False
     except Exception as exc:
@@ -145,13 +170,44 @@ def part_is_current(
     return value == fingerprint.encode("utf-8")
 
 
-def read_parts(output_url: str, storage_options: dict | None = None) -> pa.Table:
-    """All `part-*.parquet` under `output_url`, concatenated in part order (for tests and status)."""
+def remove_stale_parts(output_url: str, keep: Iterable[PartId], storage_options: dict | None = None) -> list[str]:
+    """Delete every `part-<id>.*` under `output_url` whose id is not in `keep` (parts of inputs
+    that are gone, or of an older naming); returns the names removed."""
+    keep_ids = {part_id_of(part_name(p)) for p in keep}
     fs, base = filesystem_for(output_url, storage_options)
     base = base.rstrip("/")
     fs.invalidate_cache()
-    pattern = posixpath.join(base, "part-*.parquet")
-    paths = sorted(with_retries(lambda: fs.glob(pattern), what=f"list parts of {output_url}"))
+    paths = with_retries(lambda: fs.glob(posixpath.join(base, "part-*")), what=f"list parts of {output_url}")
+    removed = []
+    for path in sorted(paths):
+        match = _PART_FILE.match(posixpath.basename(path))
+        if match and match.group(1) not in keep_ids:
+            with_retries(lambda p=path: fs.rm_file(p), what=f"remove stale part {fs.unstrip_protocol(path)}")
+            removed.append(posixpath.basename(path))
+    if removed:
+        log.info("removed %d stale parts from %s: %s", len(removed), output_url, ", ".join(removed))
+        fs.invalidate_cache()
+    return removed
+
+
+def read_parts(
+    output_url: str, storage_options: dict | None = None, parts: list[str] | None = None
+) -> pa.Table:
+    """The job's parts concatenated in shard order (for tests and status): the part file names
+    given, else those the manifest lists, else every `part-*.parquet` under `output_url`."""
+    from connectors.manifest import read_manifest
+
+    fs, base = filesystem_for(output_url, storage_options)
+    base = base.rstrip("/")
+    fs.invalidate_cache()
+    if parts is None:
+        manifest = read_manifest(output_url, storage_options)
+        parts = manifest.get("parts") if manifest else None
+    if parts is not None:
+        paths = [posixpath.join(base, name) for name in parts]
+    else:
+        pattern = posixpath.join(base, "part-*.parquet")
+        paths = sorted(with_retries(lambda: fs.glob(pattern), what=f"list parts of {output_url}"))
 
     def read(path: str) -> pa.Table:
         with fs.open(path, "rb") as f:
@@ -169,12 +225,12 @@ def read_parts(output_url: str, storage_options: dict | None = None) -> pa.Table
 
 
 def read_part_columns(
-    output_url: str, shard_indices: list[int], columns: list[str], storage_options: dict | None = None
+    output_url: str, parts: list[PartId], columns: list[str], storage_options: dict | None = None
 ) -> pa.Table | None:
-    """Some columns of the given parts, in part order (None when no part is given): for
+    """Some columns of the given parts, in the order given (None when no part is given): for
     summaries over a job's output that need its counts and scores, not its text."""
     tables = []
-    for index in sorted(shard_indices):
+    for index in parts:
         url = part_url(output_url, index)
         fs, path = filesystem_for(url, storage_options)
 
@@ -187,10 +243,10 @@ def read_part_columns(
 
 
 def read_part_head(
-    output_url: str, shard_index: int, columns: list[str], count: int, storage_options: dict | None = None
+    output_url: str, part: PartId, columns: list[str], count: int, storage_options: dict | None = None
 ) -> list[dict]:
     """The first ``count`` rows of a part (only ``columns``), reading one batch, not the part."""
-    url = part_url(output_url, shard_index)
+    url = part_url(output_url, part)
     fs, path = filesystem_for(url, storage_options)
 
     def read() -> list[dict]:

@@ -1,12 +1,15 @@
 """Input listing: turn a file, glob or prefix into a stable, numbered list of shards.
 
-Shard numbers are positions in a listing sorted by URL, so every worker and every
-re-run agrees on which shard is which without coordinating.
+Shard numbers are positions in a listing sorted by URL, so every worker of one run
+agrees on which shard is which without coordinating. They move when inputs come and
+go, so a shard's output part is named by ``part_id`` instead: a hash of the shard's URL
+(without credentials) and row group, the same in every run that lists that input.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import posixpath
 from dataclasses import dataclass
@@ -16,7 +19,7 @@ from typing import Any
 import fsspec
 import pyarrow.parquet as pq
 
-from connectors.storage import StorageError, filesystem_for, is_transient, with_retries
+from connectors.storage import StorageError, filesystem_for, is_transient, public_url, with_retries
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +44,20 @@ class ShardRef:
     def basename(self) -> str:
         return posixpath.basename(self.url.rstrip("/"))
 
+    @property
+    def where(self) -> str:
+        """Which input this is, without credentials: the URL, plus the row group if split."""
+        url = public_url(self.url)
+        return url if self.row_group is None else f"{url}#row_group={self.row_group}"
+
+    @property
+    def part_id(self) -> str:
+        """The identity of this shard's output part: stable while other inputs come and go."""
+        return hashlib.sha256(self.where.encode("utf-8")).hexdigest()[:16]
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict, for Celery messages."""
-        return dataclasses.asdict(self)
+        """JSON-safe dict, for Celery messages (``part`` is informative; from_dict ignores it)."""
+        return {**dataclasses.asdict(self), "part": self.part_id}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ShardRef:
@@ -176,8 +190,8 @@ def list_shards(
         for row_group in range(groups) if groups > 1 else [None]:
             # Which input a part came from, not only what it held: two files with the same size
             # and mtime (a `cp -p`), or a whole file vs its first row group, must not match.
-            where = url if row_group is None else f"{url}#row_group={row_group}"
-            shards.append(ShardRef(len(shards), url, fmt, compression, row_group, f"{content}@{where}"))
+            ref = ShardRef(len(shards), url, fmt, compression, row_group)
+            shards.append(dataclasses.replace(ref, fingerprint=f"{content}@{ref.where}"))
     return shards
 
 

@@ -11,6 +11,7 @@ import errno
 import logging
 import os
 import random
+import re
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -18,12 +19,24 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.core import url_to_fs
 
+from connectors.credentials import CredentialError, resolve_references
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 S3_ENDPOINT_ENV = "TOKENMILL_S3_ENDPOINT_URL"
 _S3_PROTOCOLS = ("s3", "s3a")
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+
+
+def public_url(url: str) -> str:
+    """The URL (or any text holding URLs) without the ``user:password@`` part of each."""
+    return _USERINFO.sub(r"\1", url)
+
+
+def has_userinfo(url: str) -> bool:
+    return public_url(url) != url
 
 
 class StorageError(Exception):
@@ -41,11 +54,15 @@ def _protocol(url: str) -> str:
 def filesystem_for(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
     """fsspec filesystem + path for a URL or plain local path.
 
-    `storage_options` go to the filesystem unchanged. For S3 only, an endpoint
+    `storage_options` go to the filesystem with their ``${env:NAME}`` references resolved
+    from this process's environment (see ``connectors.credentials``). For S3 only, an endpoint
     from $TOKENMILL_S3_ENDPOINT_URL is filled in when the caller gave none, so a
     fleet can be pointed at MinIO/moto without touching job specs.
     """
-    options: dict[str, Any] = dict(storage_options or {})
+    try:
+        options: dict[str, Any] = resolve_references(dict(storage_options or {}))
+    except CredentialError as exc:
+        raise StorageError(f"cannot open storage for {public_url(url)}: {exc}", url) from exc
     if _protocol(url) in _S3_PROTOCOLS:
         endpoint = os.environ.get(S3_ENDPOINT_ENV)
         client_kwargs = dict(options.get("client_kwargs") or {})

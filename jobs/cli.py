@@ -127,7 +127,7 @@ def run(
     else:
         from jobs.console import print_run, read_samples
 
-        samples = read_samples(manifest, plan.storage_options, show) if show > 0 else []
+        samples = read_samples(manifest, plan.output_options, show) if show > 0 else []
         print_run(console, manifest, samples, extra)
     if manifest["status"] != "succeeded":
         raise typer.Exit(FAILED_EXIT)

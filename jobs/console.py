@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from connectors import read_part_head
+from connectors import part_id_of, read_part_head
 
 _STATUS_STYLE = {
     "succeeded": "green", "done": "green", "skipped": "green", "completed_with_errors": "yellow",
@@ -29,10 +29,11 @@ def read_samples(manifest: dict[str, Any], storage_options: dict[str, Any] | Non
     for shard in manifest.get("shards", []):
         if len(samples) >= count:
             break
-        if shard["status"] not in ("done", "skipped"):
+        if shard["status"] not in ("done", "skipped") or not shard.get("part"):
             continue
         samples += read_part_head(
-            manifest["output_url"], shard["index"], ["id", "output", "error"], count - len(samples), storage_options
+            manifest["output_url"], part_id_of(shard["part"]), ["id", "output", "error"], count - len(samples),
+            storage_options,
         )
     return samples
 

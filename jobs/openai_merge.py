@@ -1,35 +1,38 @@
-"""One ``output.jsonl`` of OpenAI batch output lines, joined from the per-part files.
+"""One ``output.jsonl`` of OpenAI batch output lines, joined from the job's per-part files.
 
-The pipeline writes ``part-NNNNN.jsonl`` next to each Parquet part (parts are written by
+The pipeline writes ``part-<id>.jsonl`` next to each Parquet part (parts are written by
 different workers and must stay idempotent); the OpenAI batch API hands back one file.
 The join runs in the job's summary hook, which both the embedded runner and the fleet's
-finalizer call once every part is written.
+finalizer call once every part is written. It takes the parts of this job's done and
+skipped shards (``pipeline.summary.OUTPUT_KEY``), never whatever ``part-*.jsonl`` the
+folder holds: a part left from an input that is gone must not add its lines.
 """
 
 from __future__ import annotations
 
 import json
-import posixpath
 from typing import Any
 
-from connectors import filesystem_for, join_url, with_retries
+from connectors import filesystem_for, join_url
 from connectors.atomic import atomic_write
+from pipeline.openai_output import jsonl_name
+from pipeline.summary import OUTPUT_KEY
 
 OUTPUT_NAME = "output.jsonl"
 OPTIONS_KEY = "openai_output"
 
 
-def merge_options(output_url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
-    """What the summary hook needs to find the parts (kept in hook_options, never written out)."""
-    return {OPTIONS_KEY: {"output_url": output_url, "storage_options": storage_options}}
+def merge_options() -> dict[str, Any]:
+    """The hook option asking for the join (the output's location comes with the summary call)."""
+    return {OPTIONS_KEY: True}
 
 
-def merge_lines(output_url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Concatenate ``part-*.jsonl`` in part order into ``output.jsonl``; counts ok/error lines."""
+def merge_lines(output_url: str, parts: list[str], storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Concatenate the ``part-<id>.jsonl`` of ``parts``, in that order, into ``output.jsonl``;
+    counts ok/error lines."""
     fs, base = filesystem_for(output_url, storage_options)
     fs.invalidate_cache()
-    paths = sorted(with_retries(lambda: fs.glob(posixpath.join(base.rstrip("/"), "part-*.jsonl")),
-                                what=f"list {output_url}"))
+    paths = [filesystem_for(join_url(output_url, jsonl_name(p)), storage_options)[1] for p in parts]
     target = join_url(output_url, OUTPUT_NAME)
     _, target_path = filesystem_for(target, storage_options)
     counts = {"lines": 0, "errors": 0}
@@ -50,10 +53,10 @@ def merge_lines(output_url: str, storage_options: dict[str, Any] | None = None) 
 
 
 def merge_if_requested(options: dict[str, Any]) -> dict[str, Any] | None:
-    request = options.get(OPTIONS_KEY)
-    if not request:
+    output = options.get(OUTPUT_KEY)
+    if not options.get(OPTIONS_KEY) or not output:
         return None
-    return merge_lines(request["output_url"], request.get("storage_options"))
+    return merge_lines(output["url"], output["parts"], output.get("storage_options"))
 
 
 def merge_summary(table: Any, options: dict[str, Any]) -> dict[str, Any]:

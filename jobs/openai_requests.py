@@ -167,10 +167,14 @@ def _shared_sampling(seen: list[dict[str, Any]], default_max_tokens: int) -> tup
 
 
 def convert_requests(
-    input_url: str, output_url: str, storage_options: dict[str, Any] | None = None, *, default_max_tokens: int = 128
+    input_url: str, output_url: str, storage_options: dict[str, Any] | None = None, *, default_max_tokens: int = 128,
+    output_storage_options: dict[str, Any] | None = None,
 ) -> Conversion:
-    """Validate every request file under ``input_url`` and write the rows under ``output_url``."""
+    """Validate every request file under ``input_url`` and write the rows under ``output_url``
+    (with ``output_storage_options``, default the input's). A converted file is named by its
+    source's part id, so it keeps its name (and its part) when other request files come and go."""
     storage_options = storage_options or {}
+    out_options = storage_options if output_storage_options is None else output_storage_options
     shards = list_shards(input_url, format="jsonl", storage_options=storage_options)
     target = join_url(output_url, REQUESTS_DIR)
     errors: list[str] = []
@@ -195,7 +199,7 @@ def convert_requests(
             rows.append(json.dumps(row, ensure_ascii=False))
             seen.append(sampling)
             ignored |= extra
-        converted.append((join_url(target, f"requests-{shard.index:05d}.jsonl"), "".join(r + "\n" for r in rows)))
+        converted.append((join_url(target, f"requests-{shard.part_id}.jsonl"), "".join(r + "\n" for r in rows)))
     if errors:
         shown = "\n  ".join(errors[:MAX_REPORTED_ERRORS])
         more = f"\n  ... and {len(errors) - MAX_REPORTED_ERRORS} more" if len(errors) > MAX_REPORTED_ERRORS else ""
@@ -204,8 +208,8 @@ def convert_requests(
         raise OpenAIBatchError(f"no requests in {input_url}")
     for url, text in converted:
         if text:
-            _write_if_changed(url, text, storage_options)
-    _remove_stale(target, {url for url, text in converted if text}, storage_options)
+            _write_if_changed(url, text, out_options)
+    _remove_stale(target, {url for url, text in converted if text}, out_options)
     shared, warnings = _shared_sampling(seen, default_max_tokens)
     if ignored:
         warnings.append(f"request body fields ignored: {', '.join(sorted(ignored))}")

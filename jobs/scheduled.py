@@ -56,11 +56,20 @@ def load_scheduled(directory: str | Path) -> dict[Path, Any]:
 
 
 def beat_schedule(specs: dict[Path, Any], broker_url: str | None, queue: str) -> dict[str, dict[str, Any]]:
-    """Celery ``beat_schedule`` entries, one per spec (names must be unique)."""
+    """Celery ``beat_schedule`` entries, one per spec (names must be unique). Each fire carries
+    the spec through the broker, so a spec holding a literal credential is refused."""
+    from connectors import CredentialError, literal_credentials
+    from jobs.secrets import reveal
+
     entries: dict[str, dict[str, Any]] = {}
     for path, spec in specs.items():
         if spec.name in entries:
             raise ValueError(f"{path}: job name {spec.name!r} is used by another scheduled spec")
+        found = literal_credentials(reveal(spec.input.storage_options), "input.storage_options")
+        found += literal_credentials(reveal(spec.output.storage_options or {}), "output.storage_options")
+        if found:
+            raise CredentialError(f"{path}: {', '.join(found)}: a scheduled spec travels through the broker; "
+                                  "give credentials as \"${env:NAME}\" references or a profile")
         entries[spec.name] = {
             "task": ENQUEUE_TASK,
             "schedule": spec.parsed_schedule.celery(),

@@ -11,13 +11,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-# Key names that hold credentials in fsspec/s3fs/gcsfs/adlfs options (substring match).
-_SENSITIVE = ("key", "secret", "token", "password", "passwd", "credential", "session", "sas", "auth", "signature")
-
-
-def is_sensitive(name: str) -> bool:
-    lowered = name.lower()
-    return any(word in lowered for word in _SENSITIVE)
+from connectors.credentials import is_sensitive
 
 
 def protect(value: Any, name: str = "") -> Any:

@@ -50,7 +50,11 @@ class InputSection(Section):
     text_field: str = Field("text", min_length=1)
     passthrough: list[str] = Field(default_factory=list, description="input columns copied to the output")
     split_row_groups: bool = False
-    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options; credentials redacted")
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="fsspec options; credentials redacted. '${env:NAME}' is read from the environment of the "
+        "process that opens the storage (a worker's own); only such references and profiles go to a fleet",
+    )
 
     @field_validator("url")
     @classmethod
@@ -74,6 +78,14 @@ class OutputSection(Section):
     openai_format: bool | None = Field(
         None, description="also write OpenAI batch output lines (default: on for kind openai_batch)"
     )
+    storage_options: dict[str, Any] | None = Field(
+        None, description="fsspec options of the output store (default: the input's); credentials redacted"
+    )
+
+    @field_validator("storage_options")
+    @classmethod
+    def _protect(cls, options: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if options is None else protect(options)
 
     @field_validator("url")
     @classmethod

@@ -133,6 +133,10 @@ class JobSpec(Section):
         Credentials are in clear: only for handing the spec to a worker."""
         return reveal(self.model_dump(exclude_unset=True))
 
+    def output_storage_options(self) -> dict[str, Any] | None:
+        """The output's own storage options in clear (None: the output uses the input's)."""
+        return None if self.output.storage_options is None else reveal(self.output.storage_options)
+
     def new_job_id(self) -> str:
         return f"{self.name}-{uuid.uuid4().hex[:8]}"
 
@@ -155,6 +159,7 @@ class JobSpec(Section):
             text_field=self.input.text_field,
             passthrough_fields=list(self.input.passthrough),
             storage_options=storage_options,
+            output_storage_options=self.output_storage_options(),
             split_row_groups=self.input.split_row_groups,
             sampling=self.sampling.model_dump(),
             engine=self.model.engine_settings(),
@@ -165,7 +170,6 @@ class JobSpec(Section):
         if openai_output:
             from jobs.openai_merge import merge_options
 
-            values["hook_options"] = {**values.get("hook_options", {}),
-                                      **merge_options(self.output.url, storage_options)}
+            values["hook_options"] = {**values.get("hook_options", {}), **merge_options()}
             values.setdefault("summary_hook", "jobs.openai_merge:merge_summary")
         return JobPlan(**values)

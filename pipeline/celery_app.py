@@ -28,8 +28,9 @@ only when done (``task_acks_late``), so set ``consumer_timeout`` above the longe
 ``x-consumer-timeout`` queue argument on RabbitMQ >= 3.12).
 
 Messages are JSON only: a shard task carries the plan and the shard's URL, never
-documents. Note the plan includes ``storage_options``; prefer credentials from the workers'
-environment (AWS_* variables, instance roles) over putting secrets in a plan.
+documents. A plan's ``storage_options`` never hold a credential (``submit_job`` refuses
+one): workers take theirs from their own environment (``"${env:NAME}"`` references, AWS_*
+variables, instance roles) or a named profile.
 """
 
 from __future__ import annotations

@@ -3,6 +3,11 @@
 Shards are listed once, at submit time, so every worker agrees on the numbering. Job
 state lives in Redis (see ``pipeline.job_state``) and is readable while the job runs;
 a job that ran embedded (no Redis state) is described from its manifest and parts.
+
+Nothing secret goes on the broker: a plan whose storage options hold a literal credential,
+or whose URLs carry ``user:password@``, is refused before anything is queued. Workers get
+credentials from their own environment (``"${env:NAME}"`` references, AWS_* variables,
+instance roles) or a named profile.
 """
 
 from __future__ import annotations
@@ -14,11 +19,20 @@ from typing import Any
 
 from celery import Celery, chord
 
-from connectors import list_shards, part_is_current, read_manifest
+from connectors import (
+    CredentialError,
+    has_userinfo,
+    list_shards,
+    literal_credentials,
+    part_is_current,
+    read_manifest,
+)
 from pipeline.celery_app import DEFAULT_BROKER_URL, DEFAULT_QUEUE, DEFAULT_RESULT_BACKEND, make_app
 from pipeline.job_state import JobStateStore
 from pipeline.manifest import public_url, utc_now
 from pipeline.plan import JobPlan
+from pipeline.publish import begin_output
+from pipeline.shard_result import RETRYING
 from pipeline.shard_result import STATUSES as TERMINAL_STATES
 
 FINAL_STATES = ("succeeded", "completed_with_errors", "cancelled", "failed")
@@ -43,6 +57,26 @@ def _cached_app(broker_url: str, result_backend: str, queue: str, redis_key_pref
     return make_app(broker_url, result_backend, queue, redis_key_prefix)
 
 
+def check_no_secrets(plan: JobPlan) -> None:
+    """Raise CredentialError if the plan would carry a credential through the broker."""
+    found = literal_credentials(plan.storage_options, "input.storage_options")
+    if plan.output_storage_options is not None:
+        found += literal_credentials(plan.output_storage_options, "output.storage_options")
+    found += literal_credentials(plan.hook_options, "hook_options")
+    if found:
+        raise CredentialError(
+            f"{', '.join(found)}: a credential in the spec would travel to the workers through the broker; "
+            "give it as \"${env:NAME}\" (read from each worker's environment), a profile, or the workers' "
+            "own AWS_* variables / instance role"
+        )
+    for name, url in (("input.url", plan.input_url), ("output.url", plan.output_url)):
+        if has_userinfo(url):
+            raise CredentialError(
+                f"{name}: user:password@ in the URL would travel to the workers through the broker; "
+                "give credentials to the workers through their environment or storage_options references"
+            )
+
+
 def submit_job(
     plan: JobPlan,
     broker_url: str | None = None,
@@ -54,8 +88,9 @@ def submit_job(
 ) -> str:
     """List the input shards and queue one task per shard plus the finalizer; returns the job id.
 
-    ``redis_key_prefix`` must match the workers' TOKENMILL_REDIS_KEY_PREFIX (default: this
-    process's environment)."""
+    An earlier run's ``_SUCCESS`` is removed before anything is queued. ``redis_key_prefix``
+    must match the workers' TOKENMILL_REDIS_KEY_PREFIX (default: this process's environment)."""
+    check_no_secrets(plan)
     shards = list_shards(
         plan.input_url, format=plan.input_format, storage_options=plan.storage_options,
         split_row_groups=plan.split_row_groups,
@@ -72,12 +107,14 @@ def submit_job(
         },
         [s.to_dict() for s in shards],
     )
+    begin_output(plan)
     plan_dict = plan.to_dict()
     header = [
         app.signature("tokenmill.process_shard", args=(plan_dict, s.to_dict()), queue=queue_name) for s in shards
     ]
     body = app.signature(
-        "tokenmill.finalize_job", args=(plan_dict,), kwargs={"shard_indices": [s.index for s in shards]},
+        "tokenmill.finalize_job", args=(plan_dict,),
+        kwargs={"shard_indices": [s.index for s in shards], "shard_parts": [s.part_id for s in shards]},
         queue=queue_name,
     )
     body.link_error(app.signature("tokenmill.job_failed", kwargs={"plan_dict": plan_dict}))
@@ -121,7 +158,8 @@ def _live_status(job_id: str, meta: dict[str, Any], shards: dict[int, dict[str, 
         }
         for i, s in shards.items()
     ]
-    count = {state: sum(r["state"] == state for r in rows) for state in ("queued", "running", *TERMINAL_STATES)}
+    count = {state: sum(r["state"] == state for r in rows)
+             for state in ("queued", "running", RETRYING, *TERMINAL_STATES)}
     started = [s["started_at"] for s in shards.values() if s.get("started_at")]
     finished = meta.get("finished_at")
     elapsed = ((finished or now) - min(started)) if started else 0.0
@@ -153,7 +191,7 @@ def _live_status(job_id: str, meta: dict[str, Any], shards: dict[int, dict[str, 
 
 
 def _status_from_output(plan: JobPlan) -> dict[str, Any]:
-    manifest = read_manifest(plan.output_url, plan.storage_options)
+    manifest = read_manifest(plan.output_url, plan.output_options)
     if manifest is not None:
         rows = [
             {"index": s["index"], "url": s["url"], "state": s["status"], "rows_done": s.get("rows", 0),
@@ -171,7 +209,7 @@ def _status_from_output(plan: JobPlan) -> dict[str, Any]:
         rows = [
             {"index": s.index, "url": s.url,
              "state": "done" if part_is_current(
-                 plan.output_url, s.index, plan.part_fingerprint(s.fingerprint), plan.storage_options)
+                 plan.output_url, s.part_id, plan.part_fingerprint(s.fingerprint), plan.output_options)
              else "queued", "rows_done": 0, "errors": 0, "output_tokens": 0, "reason": None, "worker": None}
             for s in listed
         ]

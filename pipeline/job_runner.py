@@ -1,7 +1,8 @@
 """Embedded mode: run a whole job in this process, no broker needed.
 
 All shards go through one ShardProcessor, so the engine stays full across shard
-boundaries. The manifest is written at the end; ``_SUCCESS`` only when no shard failed.
+boundaries. An earlier run's ``_SUCCESS`` is removed before any part is replaced; the
+manifest is written at the end, ``_SUCCESS`` only when it says succeeded.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from connectors import list_shards, write_manifest, write_success_marker
+from connectors import list_shards
 from engine import LLMEngine
 from pipeline.engine_cache import get_engine, rebuild_engine
 from pipeline.manifest import build_manifest, engine_delta, utc_now
 from pipeline.plan import JobPlan
 from pipeline.progress import RunProgress
+from pipeline.publish import begin_output, publish
 from pipeline.shard_processor import ShardProcessor
 from pipeline.summary import run_report_hook, run_summary_hook
 
@@ -41,6 +43,7 @@ def run_embedded(
         plan.input_url, format=plan.input_format, storage_options=plan.storage_options,
         split_row_groups=plan.split_row_groups,
     )
+    begin_output(plan)
     engine = engine or get_engine(plan.engine)
     before = engine.stats()
     processor = ShardProcessor(
@@ -63,7 +66,5 @@ def run_embedded(
     report = run_report_hook(plan, manifest)
     if report:
         manifest["report"] = report
-    write_manifest(plan.output_url, manifest, plan.storage_options)
-    if manifest["success_marker"]:
-        write_success_marker(plan.output_url, plan.storage_options)
+    publish(plan, manifest, results)
     return manifest

@@ -6,35 +6,34 @@ listed, the other parts are valid, a re-run redoes only the missing parts);
 ``cancelled`` when the job was cancelled; ``failed`` when the fleet lost the job (see
 ``tokenmill.job_failed``). Per-row errors do not change the status; they are counted.
 
-Nothing from ``storage_options`` or ``hook_options`` is written, and URLs lose any
-``user:password@`` part.
+Nothing from ``storage_options`` or ``hook_options`` is written, and URLs (in reasons
+too) lose any ``user:password@`` part.
+
+The manifest is the authority on which parts belong to the job: each shard names its
+part (``part-<id>.parquet``, an id that does not move when other inputs come and go) and
+``parts`` lists those of done and skipped shards, in shard order. Readers take the parts
+listed there, not whatever ``part-*`` files the folder holds.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from datetime import UTC, datetime
 from typing import Any
 
+from connectors import part_name, public_url
 from pipeline.plan import JobPlan
 
 log = logging.getLogger(__name__)
 
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
 _SHARD_FIELDS = (
-    "index", "url", "status", "rows", "errors", "reason", "prompt_tokens", "output_tokens",
+    "index", "url", "part", "status", "rows", "errors", "reason", "prompt_tokens", "output_tokens",
     "cached_prompt_tokens", "seconds", "worker",
 )
 _COUNTERS = (
     "prompt_tokens_computed", "decode_tokens", "prefix_cache_query_tokens", "prefix_cache_hit_tokens",
     "preemptions", "steps",
 )
-
-
-def public_url(url: str) -> str:
-    """The URL without credentials embedded in it."""
-    return _USERINFO.sub(r"\1", url)
 
 
 def utc_now() -> str:
@@ -72,6 +71,14 @@ def _worker_engine_stats(results: list[dict[str, Any]]) -> dict[str, dict[str, A
     return dict(sorted(latest.items()))
 
 
+def _shard_entry(result: dict[str, Any]) -> dict[str, Any]:
+    entry = {k: result.get(k) for k in _SHARD_FIELDS}
+    entry["url"] = public_url(entry["url"] or "")
+    entry["reason"] = public_url(entry["reason"]) if entry["reason"] else entry["reason"]
+    entry["part"] = part_name(entry["part"]) if entry["part"] else None
+    return entry
+
+
 def build_manifest(
     plan: JobPlan,
     results: list[dict[str, Any]],
@@ -84,7 +91,7 @@ def build_manifest(
     cancelled: bool = False,
 ) -> dict[str, Any]:
     results = sorted(results, key=lambda r: r["index"])
-    shards = [{k: r.get(k) for k in _SHARD_FIELDS} for r in results]
+    shards = [_shard_entry(r) for r in results]
     count = {s: sum(r["status"] == s for r in results) for s in ("done", "skipped", "failed", "cancelled")}
     totals = {
         "shards": len(results),
@@ -127,6 +134,7 @@ def build_manifest(
         "started_at": started_at,
         "finished_at": utc_now(),
         "shards": shards,
+        "parts": [s["part"] for s in shards if s["status"] in ("done", "skipped") and s["part"]],
         "totals": totals,
         "engine_stats": stats,
         "summary": summary,

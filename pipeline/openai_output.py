@@ -1,4 +1,4 @@
-"""OpenAI batch output lines, one JSONL file per part (``part-00017.jsonl``).
+"""OpenAI batch output lines, one JSONL file per part (``part-<id>.jsonl`` beside ``part-<id>.parquet``).
 
 The pipeline writes a standard line per row; a job kind's row hook may return its
 own under the key ``openai_line`` to replace it. Ids are derived from the job and row
@@ -12,11 +12,13 @@ import json
 import time
 from typing import Any
 
+from connectors import part_name
+
 OPENAI_LINE_KEY = "openai_line"
 
 
-def jsonl_name(shard_index: int) -> str:
-    return f"part-{shard_index:05d}.jsonl"
+def jsonl_name(part: int | str) -> str:
+    return part_name(part, "jsonl")
 
 
 def _stable_id(*parts: str) -> str:

@@ -10,7 +10,7 @@ import json
 import logging
 from typing import Any
 
-from connectors import read_part_footer
+from connectors import PartId, read_part_footer
 
 log = logging.getLogger(__name__)
 
@@ -23,11 +23,11 @@ def result_metadata(result: dict[str, Any]) -> dict[bytes, bytes]:
     return {RESULT_KEY: json.dumps(keep).encode("utf-8")}
 
 
-def read_part_result(output_url: str, shard_index: int, storage_options: dict | None = None) -> dict[str, Any]:
+def read_part_result(output_url: str, part: PartId, storage_options: dict | None = None) -> dict[str, Any]:
     """Counts stored in a part's footer; {} if the part has none (written by something else)."""
     try:
-        raw = read_part_footer(output_url, shard_index, storage_options).get(RESULT_KEY)
+        raw = read_part_footer(output_url, part, storage_options).get(RESULT_KEY)
         return json.loads(raw) if raw else {}
     except Exception as exc:  # counts are informative only; the part itself is fine
-        log.warning("cannot read shard counts from part %d of %s: %s", shard_index, output_url, exc)
+        log.warning("cannot read shard counts from part %s of %s: %s", part, output_url, exc)
         return {}

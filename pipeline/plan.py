@@ -43,7 +43,10 @@ class JobPlan:
     id_field: str | None = None
     text_field: str = "text"
     passthrough_fields: list[str] = field(default_factory=list)
-    storage_options: dict[str, Any] = field(default_factory=dict)  # never logged or written out
+    # fsspec options of the input, and of the output (None: the input's). Never logged or written
+    # out; a plan sent to a fleet holds only "${env:NAME}" references and profile names.
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    output_storage_options: dict[str, Any] | None = None
     split_row_groups: bool = False
     prompt: PromptPlan = field(default_factory=PromptPlan)
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields
@@ -62,6 +65,11 @@ class JobPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def output_options(self) -> dict[str, Any]:
+        """Storage options for everything under ``output_url``."""
+        return self.storage_options if self.output_storage_options is None else self.output_storage_options
 
     def part_fingerprint(self, input_fingerprint: str) -> str:
         """What a part records to be reused: its input shard plus everything in the plan that

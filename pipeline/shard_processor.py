@@ -4,8 +4,10 @@ The engine is kept full across shard boundaries: as soon as the current shard's
 reader is exhausted, the next shard is opened and its rows are admitted while the
 current shard's last requests still decode, so the batch never drains to a handful of
 stragglers between shards. Memory stays bounded: at most ``max_queued`` requests sit in
-the engine, at most one read batch waits for admission, and only the results of
-unfinished shards are held.
+the engine, at most one read batch waits for admission, and a shard holds at most
+``max_held`` rows read but not yet in its part file, whatever its mix of good and bad
+rows (error rows never enter the engine, and rows reach the part only in input order, so
+without that bound one slow first row would hold back everything read after it).
 
 Rows in == rows out: a bad input row, a prompt the engine refuses, a template error,
 a failing row hook or an engine fault each become an output row with ``error`` set.
@@ -51,6 +53,9 @@ MAX_OPEN_SHARDS = 8
 # Finished rows are appended to the shard's part file in input order once this many are
 # waiting, so a million-row shard holds a few thousand rows in memory, not a million.
 SPOOL_ROWS = 2048
+# Rows a shard may hold read but not spooled, beyond what the engine holds: reading stops
+# there until the row that holds the others back finishes.
+HELD_ROWS = 2 * SPOOL_ROWS
 
 
 @dataclass
@@ -66,6 +71,7 @@ class ShardProgress:
     output_tokens: int = 0
     started_at: float = field(default_factory=time.time)
     reason: str | None = None
+    transient: bool = False  # a failure that a retry of the shard may not hit
 
 
 ProgressCallback = Callable[[ShardProgress], None]
@@ -163,6 +169,7 @@ class ShardProcessor:
         self.plan = plan
         self.cross_shard = cross_shard
         self.max_queued = max_queued or 2 * engine.config.max_num_seqs
+        self.max_held = self.max_queued + HELD_ROWS
         self.read_batch = max(1, min(256, self.max_queued))
         self.on_progress = on_progress
         self.should_stop = should_stop
@@ -214,7 +221,8 @@ class ShardProcessor:
                         else:
                             opened.append(state)
                         continue
-                    self._admit_next(reader)
+                    if not self._admit_next(reader):
+                        break  # the reader holds its limit of rows: step until its oldest finishes
                 yield from self._finish_ready(opened)
                 if not opened and not more:
                     return
@@ -265,13 +273,13 @@ class ShardProcessor:
         started = time.perf_counter()
         try:
             current = part_is_current(
-                plan.output_url, ref.index, plan.part_fingerprint(ref.fingerprint), plan.storage_options
+                plan.output_url, ref.part_id, plan.part_fingerprint(ref.fingerprint), plan.output_options
             )
         except Exception as exc:  # cannot tell: process it; a real storage problem shows at write time
-            log.warning("cannot check part %d of %s: %s", ref.index, plan.job_id, exc)
+            log.warning("cannot check part %s of %s: %s", ref.part_id, plan.job_id, exc)
             current = False
         if current:
-            counts = read_part_result(plan.output_url, ref.index, plan.storage_options)
+            counts = read_part_result(plan.output_url, ref.part_id, plan.output_options)
             return self._result(ref, "skipped", started, reason="part already current", **counts)
         progress = ShardProgress(ref.index, ref.url, "running")
         try:
@@ -291,23 +299,31 @@ class ShardProcessor:
         self._notify(progress)
         return _OpenShard(ref, batches, progress)
 
-    def _admit_next(self, shard: _OpenShard) -> None:
-        """Admit one buffered row, or read the next batch into the buffer."""
+    def _admit_next(self, shard: _OpenShard) -> bool:
+        """Admit one buffered row, or read the next batch into the buffer. False (nothing done)
+        while the shard holds ``max_held`` unspooled rows and some of them are in the engine."""
         if shard.buffer:
             self._submit(shard, shard.buffer.popleft())
-            return
+            return True
+        if shard.rows_read - shard.rows_spooled >= self.max_held:
+            if shard.in_flight:
+                return False
+            self._spool(shard)  # nothing in the engine: every held row is finished, in order
+            if shard.failed is not None:
+                return True
         try:
             batch = next(shard.batches)
         except StopIteration:
             shard.exhausted = True
-            return
+            return True
         except ShardReadError as exc:
             self._fail_shard(shard, str(exc), transient=False)
-            return
+            return True
         except Exception as exc:
             self._fail_shard(shard, f"{type(exc).__name__}: {exc}", transient=is_transient(exc))
-            return
+            return True
         shard.buffer.extend(self._ordered(shard, batch))
+        return True
 
     def _ordered(self, shard: _OpenShard, batch: list[Record]) -> list[_Pending]:
         """Rows sharing all turns but the last go in together (prefix-cache hits), groups in
@@ -511,14 +527,14 @@ class ShardProcessor:
         try:
             if shard.writer is None:
                 shard.writer = PartWriter(
-                    self.plan.output_url, shard.ref.index, self.schema,
+                    self.plan.output_url, shard.ref.part_id, self.schema,
                     fingerprint=self.plan.part_fingerprint(shard.ref.fingerprint),
-                    storage_options=self.plan.storage_options,
+                    storage_options=self.plan.output_options,
                 )
             if rows:
                 shard.writer.write(rows_to_table(rows, self.schema))
         except Exception as exc:
-            log.exception("cannot spool rows of part %d", shard.ref.index)
+            log.exception("cannot spool rows of part %s", shard.ref.part_id)
             self._fail_shard(shard, f"cannot write the output part: {type(exc).__name__}: {exc}", transient=False)
 
     def _apply_hook(self, row: dict[str, Any], record: Record) -> dict[str, Any] | None:
@@ -557,8 +573,8 @@ class ShardProcessor:
             if self.plan.openai_output:
                 lines = [shard.openai_lines[n] for n in sorted(shard.openai_lines)]
                 write_text(
-                    join_url(self.plan.output_url, jsonl_name(ref.index)), lines_to_jsonl(lines),
-                    self.plan.storage_options,
+                    join_url(self.plan.output_url, jsonl_name(ref.part_id)), lines_to_jsonl(lines),
+                    self.plan.output_options,
                 )
             self._spool(shard)
             if shard.failed is not None:
@@ -569,7 +585,7 @@ class ShardProcessor:
         except Exception as exc:
             if shard.writer is not None:
                 shard.writer.abort()
-            log.exception("cannot write part %d", ref.index)
+            log.exception("cannot write part %s", ref.part_id)
             return self._result(
                 ref, "failed", shard.started, reason=f"cannot write the output part: {type(exc).__name__}: {exc}",
                 transient=is_transient(exc),
@@ -595,11 +611,12 @@ class ShardProcessor:
                                                           "cached_prompt_tokens", "reason", "transient")}
         result = ShardResult(
             index=ref.index, url=ref.url, status=status, seconds=round(time.perf_counter() - started, 3),
-            worker=self.worker, engine=stats, **counts,
+            worker=self.worker, part=ref.part_id, engine=stats, **counts,
         ).to_dict()
         progress = ShardProgress(
             ref.index, ref.url, status, rows_done=result["rows"], errors=result["errors"],
             prompt_tokens=result["prompt_tokens"], output_tokens=result["output_tokens"], reason=result["reason"],
+            transient=result["transient"],
         )
         self._notify(progress)
         return result

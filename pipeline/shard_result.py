@@ -9,6 +9,8 @@ from typing import Any
 # done: part written; skipped: part already current; failed: shard unreadable or part not
 # written (no part file); cancelled: the job was cancelled before or while it ran.
 STATUSES = ("done", "skipped", "failed", "cancelled")
+# A shard that failed on a transient error and whose task will run again: not final.
+RETRYING = "retrying"
 
 
 @dataclass
@@ -24,6 +26,7 @@ class ShardResult:
     cached_prompt_tokens: int = 0
     seconds: float = 0.0
     worker: str | None = None
+    part: str | None = None  # the shard's part id (connectors.ShardRef.part_id)
     transient: bool = False  # failed on an error a later retry may not hit (network, 5xx)
     engine: dict[str, Any] = field(default_factory=dict)  # the worker engine's counters at the end
 

@@ -5,7 +5,10 @@ the rows of every done/skipped part but only the small columns (id, error,
 finish_reason, token counts, latency and the kind's extra columns): output text
 and passthrough fields are left out so a large job's summary fits in memory. Its
 result goes into the manifest under ``summary``; a failing hook is reported there
-and does not fail the job.
+and does not fail the job. ``options`` are the plan's ``hook_options`` plus, under
+``OUTPUT_KEY``, where the job's output is: ``{"url", "storage_options", "parts"}`` with
+the part ids of the done and skipped shards in shard order (the parts of this job, and
+only those: the folder may hold others until the run is published).
 """
 
 from __future__ import annotations
@@ -24,11 +27,18 @@ from pipeline.plan import JobPlan
 log = logging.getLogger(__name__)
 
 SUMMARY_COLUMNS = ("id", "error", "finish_reason", "prompt_tokens", "output_tokens", "cached_prompt_tokens", "latency_s")
+OUTPUT_KEY = "job_output"
 
 
-def read_small_columns(plan: JobPlan, indices: list[int]) -> pa.Table:
+def job_parts(results: list[dict[str, Any]]) -> list[str]:
+    """Part ids of the done and skipped shards, in shard order."""
+    done = sorted((r for r in results if r["status"] in ("done", "skipped")), key=lambda r: r["index"])
+    return [r["part"] for r in done]
+
+
+def read_small_columns(plan: JobPlan, parts: list[str]) -> pa.Table:
     columns = [*SUMMARY_COLUMNS, *plan.extra_columns]
-    table = read_part_columns(plan.output_url, indices, columns, plan.storage_options)
+    table = read_part_columns(plan.output_url, parts, columns, plan.output_options)
     if table is None:
         schema = output_schema(plan)
         return pa.schema([schema.field(c) for c in columns]).empty_table()
@@ -40,7 +50,7 @@ def run_report_hook(plan: JobPlan, manifest: dict[str, Any]) -> dict[str, str] |
     if not plan.report_hook:
         return None
     try:
-        written = load_hook(plan.report_hook)(manifest, plan.storage_options)
+        written = load_hook(plan.report_hook)(manifest, plan.output_options)
         return {str(k): str(v) for k, v in written.items()}
     except Exception as exc:
         log.exception("report hook %s failed", plan.report_hook)
@@ -52,8 +62,10 @@ def run_summary_hook(plan: JobPlan, results: list[dict[str, Any]]) -> Any:
         return None
     try:
         fn = load_hook(plan.summary_hook)
-        table = read_small_columns(plan, [r["index"] for r in results if r["status"] in ("done", "skipped")])
-        summary = fn(table, dict(plan.hook_options))
+        parts = job_parts(results)
+        table = read_small_columns(plan, parts)
+        output = {"url": plan.output_url, "storage_options": plan.output_options, "parts": parts}
+        summary = fn(table, {**plan.hook_options, OUTPUT_KEY: output})
         json.dumps(summary)  # must be JSON-safe to go in the manifest
         return summary
     except Exception as exc:

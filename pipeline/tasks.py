@@ -3,7 +3,10 @@
 A shard task is safe to run twice: a shard whose part is already current is skipped,
 so a redelivery after a worker died (or a duplicate delivery) costs one footer read.
 Shard-level problems come back as a ``failed`` ShardResult instead of an exception, so
-one bad shard never stops the chord: the manifest lists it with its reason.
+one bad shard never stops the chord: the manifest lists it with its reason. A shard that
+failed on a transient error and will be retried is reported ``retrying``, never ``failed``,
+so a finalizer fired early (a redelivered duplicate counted twice by the chord) waits for
+the retry instead of taking the failure as final.
 """
 
 from __future__ import annotations
@@ -14,15 +17,16 @@ import socket
 import time
 from typing import Any
 
-from connectors import ShardRef, write_manifest, write_success_marker
+from connectors import ShardRef
 from pipeline.celery_app import app
 from pipeline.engine_service import engine_service
 from pipeline.job_state import JobStateStore
 from pipeline.manifest import build_manifest, utc_now
 from pipeline.plan import JobPlan
+from pipeline.publish import publish
 from pipeline.shard_processor import ShardProgress
+from pipeline.shard_result import RETRYING, ShardResult
 from pipeline.shard_result import STATUSES as TERMINAL_STATES
-from pipeline.shard_result import ShardResult
 from pipeline.summary import run_report_hook, run_summary_hook
 
 log = logging.getLogger(__name__)
@@ -47,10 +51,16 @@ def _store() -> JobStateStore | None:
 
 
 class _Reporter:
-    """Writes a shard's progress to the state store at most once a second (and at the end)."""
+    """Writes a shard's progress to the state store at most once a second (and at the end).
 
-    def __init__(self, store: JobStateStore | None, job_id: str, worker: str) -> None:
-        self.store, self.job_id, self.worker = store, job_id, worker
+    With ``will_retry`` a transient failure is written as ``retrying``: the task is about
+    to run the shard again, so nobody may take that failure as the shard's end."""
+
+    def __init__(
+        self, store: JobStateStore | None, job_id: str, worker: str, part: str | None = None, will_retry: bool = False
+    ) -> None:
+        self.store, self.job_id, self.worker, self.part = store, job_id, worker, part
+        self.will_retry = will_retry
         self.started_at = time.time()
         self._last = 0.0
 
@@ -60,8 +70,9 @@ class _Reporter:
         if self.store is None or (not final and now - self._last < 1.0):
             return
         self._last = now
+        retrying = p.state == "failed" and p.transient and self.will_retry
         state = {
-            "state": p.state, "url": p.url, "rows_done": p.rows_done, "errors": p.errors,
+            "state": RETRYING if retrying else p.state, "url": p.url, "part": self.part, "rows_done": p.rows_done, "errors": p.errors,
             "output_tokens": p.output_tokens, "prompt_tokens": p.prompt_tokens, "reason": p.reason,
             "worker": self.worker, "started_at": self.started_at,
         }
@@ -73,12 +84,16 @@ class _Reporter:
             log.warning("cannot report progress of shard %d: %s", p.index, exc)
 
 
-def run_shard(plan: JobPlan, shard: ShardRef, store: JobStateStore | None, worker: str) -> dict[str, Any]:
+def run_shard(
+    plan: JobPlan, shard: ShardRef, store: JobStateStore | None, worker: str, will_retry: bool = False
+) -> dict[str, Any]:
     """Process one shard in this worker's engine service (overlapping with the worker's other
-    shard tasks under the threads pool); always returns a ShardResult dict."""
-    reporter = _Reporter(store, plan.job_id, worker)
+    shard tasks under the threads pool); always returns a ShardResult dict. ``will_retry``:
+    the caller runs the shard again after a transient failure."""
+    reporter = _Reporter(store, plan.job_id, worker, shard.part_id, will_retry)
     if store is not None and store.is_cancelled(plan.job_id):
-        result = ShardResult(shard.index, shard.url, "cancelled", reason="job cancelled", worker=worker).to_dict()
+        result = ShardResult(shard.index, shard.url, "cancelled", reason="job cancelled", worker=worker,
+                             part=shard.part_id).to_dict()
         reporter(ShardProgress(shard.index, shard.url, "cancelled", reason="job cancelled"))
         return result
     reporter(ShardProgress(shard.index, shard.url, "running"))
@@ -91,8 +106,10 @@ def run_shard(plan: JobPlan, shard: ShardRef, store: JobStateStore | None, worke
 def process_shard(self, plan_dict: dict[str, Any], shard_dict: dict[str, Any]) -> dict[str, Any]:
     """Process one shard; transient storage failures are retried, then reported as failed."""
     plan, shard = JobPlan.from_dict(plan_dict), ShardRef.from_dict(shard_dict)
-    result = run_shard(plan, shard, _store(), _worker_name())
-    if result["status"] == "failed" and result["transient"] and self.request.retries < MAX_TRANSIENT_RETRIES:
+    will_retry = self.request.retries < MAX_TRANSIENT_RETRIES
+    result = run_shard(plan, shard, _store(), _worker_name(), will_retry)
+    result["part"] = result.get("part") or shard.part_id
+    if result["status"] == "failed" and result["transient"] and will_retry:
         log.warning("shard %d failed transiently, retrying: %s", shard.index, result["reason"])
         raise self.retry(countdown=min(60, 5 * 2**self.request.retries))
     return result
@@ -101,6 +118,8 @@ def process_shard(self, plan_dict: dict[str, Any], shard_dict: dict[str, Any]) -
 def _finish_job(
     plan: JobPlan, results: list[dict[str, Any]], status: str | None = None, error: str | None = None
 ) -> dict[str, Any]:
+    """Build and publish the manifest; ``status`` overrides it (the job failed: results may be
+    partial, so no stale part is removed)."""
     store = _store()
     meta = store.meta(plan.job_id) if store is not None else {}
     submitted = meta.get("submitted_at") or time.time()
@@ -116,28 +135,29 @@ def _finish_job(
         report = run_report_hook(plan, manifest)
         if report:
             manifest["report"] = report
-    write_manifest(plan.output_url, manifest, plan.storage_options)
-    if manifest["success_marker"]:
-        write_success_marker(plan.output_url, plan.storage_options)
+    publish(plan, manifest, results, prune=status is None)
     if store is not None:
         store.set_meta(plan.job_id, status=manifest["status"], finished_at=time.time())
     return manifest
 
 
-def _result_from_state(index: int, state: dict[str, Any], failed_reason: str | None = None) -> dict[str, Any]:
+def _result_from_state(
+    index: int, state: dict[str, Any], failed_reason: str | None = None, part: str | None = None
+) -> dict[str, Any]:
     """A ShardResult rebuilt from the progress a worker reported for the shard."""
     status = state.get("state") if state.get("state") in TERMINAL_STATES else "failed"
     reason = state.get("reason") or (failed_reason if status == "failed" else None)
     return ShardResult(
         index, state.get("url", ""), status, rows=state.get("rows_done", 0), errors=state.get("errors", 0),
         reason=reason, output_tokens=state.get("output_tokens", 0), prompt_tokens=state.get("prompt_tokens", 0),
-        worker=state.get("worker"),
+        worker=state.get("worker"), part=state.get("part") or part,
     ).to_dict()
 
 
 @app.task(name="tokenmill.finalize_job", bind=True, max_retries=FINALIZE_MAX_RETRIES)
 def finalize_job(
-    self, results: list[dict[str, Any]], plan_dict: dict[str, Any], shard_indices: list[int] | None = None
+    self, results: list[dict[str, Any]], plan_dict: dict[str, Any], shard_indices: list[int] | None = None,
+    shard_parts: list[str] | None = None,
 ) -> dict[str, Any]:
     """Chord callback: write the manifest, and _SUCCESS if no shard failed or was cancelled.
 
@@ -145,24 +165,31 @@ def finalize_job(
     visibility timeout) is counted twice by the chord, which can then fire before another
     shard has finished. So the callback checks that every shard it was given at submit time
     has a result; a missing one is taken from the state its worker reported once that is
-    final, and until then the callback retries rather than write a manifest without it.
+    final (``retrying`` is not), and until then the callback retries rather than write a
+    manifest without it. ``shard_parts`` (aligned with ``shard_indices``) name each shard's
+    part, so parts of inputs that are gone can be removed.
     """
     plan = JobPlan.from_dict(plan_dict)
+    parts = dict(zip(shard_indices or (), shard_parts or (), strict=False))
     by_index = {r["index"]: r for r in results if isinstance(r, dict)}  # one per shard, even if redelivered
+    for i, r in by_index.items():
+        r["part"] = r.get("part") or parts.get(i)
     missing = [i for i in shard_indices or () if i not in by_index]
     if missing:
         store = _store()
         states = store.shards(plan.job_id) if store is not None else {}
         for i in missing:
             if states.get(i, {}).get("state") in TERMINAL_STATES:
-                by_index[i] = _result_from_state(i, states[i])
+                by_index[i] = _result_from_state(i, states[i], part=parts.get(i))
         still = [i for i in missing if i not in by_index]
         if still and self.request.retries < FINALIZE_MAX_RETRIES:
             log.warning("job %s: shards %s not finished yet; finalize waits", plan.job_id, still)
             raise self.retry(countdown=FINALIZE_RETRY_S)
         for i in still:  # a message lost for good (e.g. a broker restarted without persistence)
             waited = FINALIZE_MAX_RETRIES * FINALIZE_RETRY_S / 3600
-            by_index[i] = _result_from_state(i, states.get(i, {}), f"no result after waiting {waited:.0f} h")
+            by_index[i] = _result_from_state(
+                i, states.get(i, {}), f"no result after waiting {waited:.0f} h", part=parts.get(i)
+            )
     manifest = _finish_job(plan, [by_index[i] for i in sorted(by_index)])
     return {"job_id": plan.job_id, "status": manifest["status"], "totals": manifest["totals"]}
 

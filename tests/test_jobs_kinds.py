@@ -228,7 +228,8 @@ def test_openai_batch_mixed_sampling(tmp_path: Path) -> None:
     assert converted.sampling == {"max_tokens": 9} and converted.requests == 2
     assert any("different temperature" in w for w in converted.warnings)
     assert any("ignored: tools" in w for w in converted.warnings)
-    rows = [json.loads(x) for x in (tmp_path / "out/_requests/requests-00000.jsonl").read_text().splitlines()]
+    (converted_file,) = (tmp_path / "out/_requests").glob("requests-*.jsonl")
+    rows = [json.loads(x) for x in converted_file.read_text().splitlines()]
     assert rows[0] == {"custom_id": "a", "text": "x", "messages": [{"role": "user", "content": "x"}]}
 
 

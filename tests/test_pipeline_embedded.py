@@ -57,7 +57,7 @@ def test_three_formats_with_bad_rows(dirs, tiny_model_dir) -> None:
 
     # one part per shard, rows in input order inside each part
     for shard in list_shards(plan.input_url):
-        part = pq.read_table(out / f"part-{shard.index:05d}.parquet")
+        part = pq.read_table(out / f"part-{shard.part_id}.parquet")
         name = shard.url.rsplit("/", 1)[1]
         assert part.column("id").to_pylist() == expected_ids({name: files[name]})
 
@@ -95,7 +95,7 @@ def test_unreadable_shard_fails_alone(dirs, tiny_model_dir) -> None:
     assert "cannot read shard" in by_name["broken.parquet"]["reason"]
     assert manifest["status"] == "completed_with_errors"
     assert not success_marker_exists(plan.output_url)
-    assert not (out / f"part-{by_name['broken.parquet']['index']:05d}.parquet").exists()
+    assert by_name["broken.parquet"]["part"] and not (out / by_name["broken.parquet"]["part"]).exists()
     assert sorted(read_parts(plan.output_url).column("id").to_pylist()) == sorted(ids)
 
 
@@ -217,7 +217,8 @@ def test_openai_output_lines(dirs, tiny_model_dir) -> None:
     files = write_mixed_inputs(local_put(inp), n=2)
     plan = make_plan(str(inp), str(out), tiny_model_dir, openai_output=True)
     run_embedded(plan, progress=False)
-    lines = [json.loads(x) for p in sorted(out.glob("part-*.jsonl")) for x in p.read_text().splitlines()]
+    parts = [f"part-{s.part_id}.jsonl" for s in list_shards(plan.input_url)]
+    lines = [json.loads(x) for p in parts for x in (out / p).read_text().splitlines()]
     assert [x["custom_id"] for x in lines] == expected_ids(files)
     ok = next(x for x in lines if x["custom_id"] == "j0")
     body = ok["response"]["body"]

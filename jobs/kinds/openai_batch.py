@@ -29,13 +29,15 @@ def check(spec: JobSpec) -> None:
 def plan_fields(spec: JobSpec) -> dict[str, Any]:
     """Converts the request file (I/O) and takes sampling settings shared by every request."""
     sampling = spec.sampling.model_dump()
+    in_options, out_options = reveal(spec.input.storage_options), spec.output_storage_options()
     converted = convert_requests(
-        spec.input.full_url, spec.output.url, reveal(spec.input.storage_options),
-        default_max_tokens=spec.sampling.max_tokens,
+        spec.input.full_url, spec.output.url, in_options,
+        default_max_tokens=spec.sampling.max_tokens, output_storage_options=out_options,
     )
     sampling.update(converted.sampling)
     return {
-        "input_url": converted.url,
+        "input_url": converted.url,  # the converted rows, under the output: read with its options
+        "storage_options": in_options if out_options is None else out_options,
         "input_format": "jsonl",
         "id_field": "custom_id",
         "text_field": "text",
