@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pipeline_support import csv_bytes, jsonl_bytes, make_plan, parquet_bytes
 
-from connectors import read_manifest, read_parts
+from connectors import list_shards, read_manifest, read_parts
 from pipeline.job_runner import run_embedded
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,7 +77,8 @@ print(json.dumps({"before_mib": before, "peak_mib": rss("VmHWM"), "totals": mani
 def test_a_million_row_shard_runs_in_bounded_memory(tmp_path: Path, tiny_model_dir) -> None:
     """One shard of 1,000,000 rows (one in 1,000 a real document, the rest empty: error rows that
     cost no engine time). Its output is about 100 MB as Python rows; the worker's peak memory
-    stays within 200 MiB of its size before the job, and the part keeps input order."""
+    stays within 64 MiB of its size before the job (15 MiB measured, see the README), and the
+    part keeps input order."""
     inp, out = tmp_path / "in", tmp_path / "out"
     inp.mkdir()
     n = 1_000_000
@@ -94,8 +95,9 @@ def test_a_million_row_shard_runs_in_bounded_memory(tmp_path: Path, tiny_model_d
     measured = json.loads(done.stdout.strip().splitlines()[-1])
 
     assert measured["totals"]["rows"] == n and measured["totals"]["errors"] == n - n // 1000
-    assert measured["peak_mib"] - measured["before_mib"] < 200, measured
-    part = pq.read_table(out / "part-00000.parquet", columns=["id", "error", "output_tokens"])
+    assert measured["peak_mib"] - measured["before_mib"] < 64, measured
+    (shard,) = list_shards(plan.input_url)
+    part = pq.read_table(out / f"part-{shard.part_id}.parquet", columns=["id", "error", "output_tokens"])
     assert part.column("id").to_pylist() == [f"r{i:07d}" for i in range(n)]
     assert part.column("output_tokens").to_pylist()[::1000] == [2] * (n // 1000)
     assert read_manifest(plan.output_url)["status"] == "succeeded"  # row errors do not fail a shard
