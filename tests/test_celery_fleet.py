@@ -425,7 +425,7 @@ def test_redelivery_of_a_committed_shard_is_a_noop(tmp_path, tiny_model_dir) -> 
     JobStateStore().init_job(plan.job_id, {"name": plan.name}, [shard.to_dict()])
 
     first = process_shard(plan.to_dict(), shard.to_dict())
-    part = out / "part-00000.parquet"
+    part = out / f"part-{shard.part_id}.parquet"
     stamp = part.stat().st_mtime_ns
     second = process_shard(plan.to_dict(), shard.to_dict())
     assert first["status"] == "done" and second["status"] == "skipped"
