@@ -145,13 +145,15 @@ def submit(
     _use_broker(broker)
     spec = load_spec(spec_path)
     plan = _plan_or_exit(spec, job_id)
-    from connectors import StorageError
+    from connectors import CredentialError, StorageError
     from pipeline.fleet import submit_job
 
     try:
         print(submit_job(plan, broker, queue=queue))
     except StorageError as exc:
         _fail(f"input error: {exc}")
+    except CredentialError as exc:
+        _fail(f"spec error: {exc}", SPEC_EXIT)
 
 
 @app.command()
@@ -235,7 +237,12 @@ def beat(
         _fail(f"no spec with a schedule in {jobs_dir}", SPEC_EXIT)
     for path, spec in specs.items():
         typer.echo(f"beat: {spec.name} ({spec.schedule}) from {path}", err=True)
-    run_beat(jobs_dir, broker, loglevel.upper(), specs=specs)
+    from connectors import CredentialError
+
+    try:
+        run_beat(jobs_dir, broker, loglevel.upper(), specs=specs)
+    except CredentialError as exc:
+        _fail(f"spec error: {exc}", SPEC_EXIT)
 
 
 def _bench_script() -> Path:
