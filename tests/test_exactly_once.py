@@ -205,3 +205,34 @@ def test_a_shard_failing_transiently_is_retrying_not_failed_for_the_finalizer(tm
         assert success_marker_exists(plan.output_url)
     finally:
         store.redis.delete(*(f"tokenmill:job:{plan.job_id}:{what}" for what in ("meta", "shards", "cancel")))
+
+
+def test_the_fleet_finalizer_removes_parts_of_inputs_that_are_gone(tmp_path: Path, tiny_model_dir) -> None:
+    """In-process tasks: run 1 over two shards, delete one input, run 2's finalizer leaves
+    only the remaining shard's part and lists it as the job's only part."""
+    _require_redis()
+    from pipeline.tasks import finalize_job, process_shard
+
+    inp, out = tmp_path / "in", tmp_path / "out"
+    write_uniform_shards(local_put(inp), count=2, rows=2)
+    store = JobStateStore()
+    job_ids = []
+    try:
+        for run_number in (1, 2):
+            if run_number == 2:
+                (inp / "shard-000.jsonl").unlink()
+            plan = make_plan(str(inp), str(out), tiny_model_dir, job_id=f"test-stale-{uuid.uuid4().hex[:8]}")
+            job_ids.append(plan.job_id)
+            shards = list_shards(plan.input_url)
+            store.init_job(plan.job_id, {"name": plan.name, "submitted_at": time.time()},
+                           [s.to_dict() for s in shards])
+            results = [process_shard(plan.to_dict(), s.to_dict()) for s in shards]
+            done = finalize_job(results, plan.to_dict(), shard_indices=[s.index for s in shards],
+                                shard_parts=[s.part_id for s in shards])
+            assert done["status"] == "succeeded"
+        manifest = read_manifest(plan.output_url)
+        assert manifest["parts"] == [f"part-{shards[0].part_id}.parquet"] and len(manifest["removed_parts"]) == 1
+        assert _folder_ids(out) == Counter(["s1-r0", "s1-r1"])
+    finally:
+        for job_id in job_ids:
+            store.redis.delete(*(f"tokenmill:job:{job_id}:{what}" for what in ("meta", "shards", "cancel")))
