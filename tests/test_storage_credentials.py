@@ -128,6 +128,22 @@ def test_credentials_reach_workers_from_their_environment_never_through_the_brok
     assert job_id in everything and MARKER not in everything and literal_marker not in everything
 
 
+def test_cli_submit_refuses_a_literal_credential_before_touching_the_broker(tmp_path: Path, tiny_model_dir) -> None:
+    from typer.testing import CliRunner
+
+    from jobs.cli import app
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in/a.jsonl").write_bytes(jsonl_bytes(_docs("a", 1)))
+    spec = tmp_path / "literal.toml"
+    spec.write_text(f'name = "literal"\n[input]\nurl = "in/"\n[input.storage_options]\npassword = "{MARKER}"\n'
+                    f'[output]\nurl = "out/"\n')
+    result = CliRunner().invoke(app, ["submit", str(spec), "--broker", "redis://127.0.0.1:1/0"])
+    assert result.exit_code == 2, result.output
+    assert "spec error: input.storage_options.password: a credential in the spec would travel" in result.output
+    assert MARKER not in result.output
+
+
 def test_a_scheduled_spec_with_a_literal_credential_is_refused(tmp_path: Path, tiny_model_dir) -> None:
     from jobs.scheduled import beat_schedule
 
