@@ -72,9 +72,9 @@ class _Reporter:
         self._last = now
         retrying = p.state == "failed" and p.transient and self.will_retry
         state = {
-            "state": RETRYING if retrying else p.state, "url": p.url, "part": self.part, "rows_done": p.rows_done, "errors": p.errors,
-            "output_tokens": p.output_tokens, "prompt_tokens": p.prompt_tokens, "reason": p.reason,
-            "worker": self.worker, "started_at": self.started_at,
+            "state": RETRYING if retrying else p.state, "url": p.url, "part": self.part,
+            "rows_done": p.rows_done, "errors": p.errors, "output_tokens": p.output_tokens,
+            "prompt_tokens": p.prompt_tokens, "reason": p.reason, "worker": self.worker, "started_at": self.started_at,
         }
         if final:
             state["finished_at"] = time.time()
