@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 FINGERPRINT_KEY = b"tokenmill.fingerprint"
 COPY_CHUNK = 1 << 20
 _PART_FILE = re.compile(r"^part-([A-Za-z0-9_-]+)\.[a-z]+$")
+# What the pipeline writes (part ids, and the numbered parts of earlier versions): the only
+# files stale-part removal may delete, whatever else shares the folder.
+_OWN_PART_FILE = re.compile(r"^part-([0-9a-f]{16}|[0-9]{5})\.(parquet|jsonl)$")
 
 # A part's identity: a ShardRef.part_id (str), or a plain number (zero-padded, for callers
 # that number their own parts).
@@ -171,8 +174,9 @@ def part_is_current(
 
 
 def remove_stale_parts(output_url: str, keep: Iterable[PartId], storage_options: dict | None = None) -> list[str]:
-    """Delete every `part-<id>.*` under `output_url` whose id is not in `keep` (parts of inputs
-    that are gone, or of an older naming); returns the names removed."""
+    """Delete every part file (`part-<id>.parquet` / `.jsonl`, ids as the pipeline writes them)
+    under `output_url` whose id is not in `keep`: parts of inputs that are gone, or of the
+    older numbered naming. Returns the names removed."""
     keep_ids = {part_id_of(part_name(p)) for p in keep}
     fs, base = filesystem_for(output_url, storage_options)
     base = base.rstrip("/")
@@ -180,7 +184,7 @@ def remove_stale_parts(output_url: str, keep: Iterable[PartId], storage_options:
     paths = with_retries(lambda: fs.glob(posixpath.join(base, "part-*")), what=f"list parts of {output_url}")
     removed = []
     for path in sorted(paths):
-        match = _PART_FILE.match(posixpath.basename(path))
+        match = _OWN_PART_FILE.match(posixpath.basename(path))
         if match and match.group(1) not in keep_ids:
             with_retries(lambda p=path: fs.rm_file(p), what=f"remove stale part {fs.unstrip_protocol(path)}")
             removed.append(posixpath.basename(path))

@@ -236,3 +236,16 @@ def test_the_fleet_finalizer_removes_parts_of_inputs_that_are_gone(tmp_path: Pat
     finally:
         for job_id in job_ids:
             store.redis.delete(*(f"tokenmill:job:{job_id}:{what}" for what in ("meta", "shards", "cancel")))
+
+
+def test_stale_part_removal_touches_only_part_files_the_pipeline_writes(tmp_path: Path) -> None:
+    from connectors import remove_stale_parts
+
+    keep, gone = "0123456789abcdef", "fedcba9876543210"
+    names = [f"part-{keep}.parquet", f"part-{keep}.jsonl", f"part-{gone}.parquet", f"part-{gone}.jsonl",
+             "part-00003.parquet", "part-0.jsonl", "part-notes.txt", "_manifest.json", "output.jsonl"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    removed = remove_stale_parts(str(tmp_path), [keep])
+    assert removed == ["part-00003.parquet", f"part-{gone}.jsonl", f"part-{gone}.parquet"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(set(names) - set(removed))
