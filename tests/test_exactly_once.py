@@ -142,6 +142,22 @@ def test_deleting_an_input_leaves_every_remaining_row_once(tmp_path: Path, tiny_
     assert manifest["parts"] == [f"part-{s.part_id}.parquet" for s in list_shards(str(tmp_path / "in"))]
 
 
+def test_a_part_id_depends_on_its_shard_alone(tmp_path: Path) -> None:
+    from connectors import ShardRef
+
+    for name in "bc":
+        local_put(tmp_path)(f"{name}.jsonl", jsonl_bytes(_docs(name, 1)))
+    before = {s.basename[0]: (s.index, s.part_id) for s in list_shards(str(tmp_path))}
+    local_put(tmp_path)("a.jsonl", jsonl_bytes(_docs("a", 1)))
+    after = {s.basename[0]: (s.index, s.part_id) for s in list_shards(str(tmp_path))}
+    assert [after[n][0] for n in "bc"] == [1, 2] and [before[n][0] for n in "bc"] == [0, 1]  # indices move
+    assert [after[n][1] for n in "bc"] == [before[n][1] for n in "bc"]  # part ids do not
+    whole = ShardRef(0, "http://user:pw@host/x.parquet", "parquet", None)
+    assert whole.part_id == ShardRef(7, "http://host/x.parquet", "parquet", None).part_id  # no credentials in it
+    groups = {ShardRef(i, "s3://b/x.parquet", "parquet", None, row_group=i).part_id for i in range(3)}
+    assert len(groups | {ShardRef(0, "s3://b/x.parquet", "parquet", None).part_id}) == 4
+
+
 def test_a_new_input_that_sorts_first_is_the_only_one_computed(tmp_path: Path, tiny_model_dir) -> None:
     for name in "bc":
         local_put(tmp_path / "in")(f"{name}.jsonl", jsonl_bytes(_docs(name)))
