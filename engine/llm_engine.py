@@ -11,6 +11,7 @@ from transformers import AutoTokenizer, GenerationConfig
 
 from engine.attention import get_backend
 from engine.block_manager import BlockManager
+from engine.chat import chat_token_ids
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.device_features import announce, choose_features
@@ -156,10 +157,7 @@ class LLMEngine:
         """Token ids of a chat rendered with the model's template, ready for generation."""
         if self.tokenizer is None:
             raise ValueError(f"model at {self.model_dir} has no tokenizer")
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return list(ids)
+        return chat_token_ids(self.tokenizer, messages)  # message content never becomes control tokens
 
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams | dict[str, Any] | None = None
