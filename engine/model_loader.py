@@ -44,6 +44,30 @@ def _weight_files(model_dir: Path) -> list[Path]:
     return files
 
 
+_UNFUSED = {(target, shard): hf for hf, (target, shard) in _FUSED.items()}
+_SHOWN = 10
+
+
+def _checkpoint_name(key: str) -> str:
+    """Our parameter key (``layers.0.self_attn.qkv_proj.weight#1``) as the checkpoint names it."""
+    name, _, shard = key.partition("#")
+    if shard:
+        parts = name.split(".")
+        parts[-2] = _UNFUSED[(parts[-2], int(shard))]
+        name = ".".join(parts)
+    return name if name.startswith("lm_head.") else f"model.{name}"
+
+
+def _mismatch_message(model_dir: Path, missing: list[str], unexpected: list[str], wrong_shape: list[str]) -> str:
+    """One error naming every tensor that does not fit, so a partly loaded (partly random) model never runs."""
+    lines = [f"checkpoint at {model_dir} does not match the model:"]
+    for what, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong_shape)):
+        if names:
+            more = f", and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+            lines.append(f"  {what} tensors ({len(names)}): {', '.join(names[:_SHOWN])}{more}")
+    return "\n".join(lines)
+
+
 def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: int) -> LlamaForCausalLM:
     config = load_config(model_dir)
     files = _weight_files(model_dir)
@@ -63,31 +87,37 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: 
         "gate_up_proj": [config.intermediate_size, config.intermediate_size],
     }
     loaded: set[str] = set()
+    unexpected: list[str] = []
+    wrong_shape: list[str] = []
     for f in files:
         with safe_open(str(f), framework="pt") as sf:
             for hf_name in sf.keys():
                 name = hf_name.removeprefix("model.")
                 if "rotary_emb" in name:
                     continue
-                tensor = sf.get_tensor(hf_name)
                 parts = name.split(".")
                 fused = _FUSED.get(parts[-2]) if len(parts) >= 2 else None
+                key, target = name, params.get(name)
                 if fused is not None:
-                    target, shard = fused
-                    parts[-2] = target
+                    parts[-2] = fused[0]
                     pname = ".".join(parts)
-                    offsets = [0]
-                    for s in sizes[target]:
-                        offsets.append(offsets[-1] + s)
-                    with torch.no_grad():
-                        params[pname].data[offsets[shard] : offsets[shard + 1]].copy_(tensor)
-                    loaded.add(f"{pname}#{shard}")
-                elif name in params:
-                    with torch.no_grad():
-                        params[name].data.copy_(tensor)
-                    loaded.add(name)
-                else:
-                    raise ValueError(f"unexpected weight {hf_name} in {f.name}")
+                    key, target = f"{pname}#{fused[1]}", params.get(pname)
+                    if target is not None:
+                        offsets = [0]
+                        for size in sizes[fused[0]]:
+                            offsets.append(offsets[-1] + size)
+                        target = target.data[offsets[fused[1]] : offsets[fused[1] + 1]]
+                if target is None:
+                    unexpected.append(f"{hf_name} ({f.name})")
+                    continue
+                tensor = sf.get_tensor(hf_name)
+                if tuple(tensor.shape) != tuple(target.shape):  # copy_ would broadcast it silently
+                    wrong_shape.append(f"{hf_name} {list(tensor.shape)} (expected {list(target.shape)})")
+                    loaded.add(key)  # present, reported as misshapen rather than missing
+                    continue
+                with torch.no_grad():
+                    target.data.copy_(tensor)
+                loaded.add(key)
     tied = getattr(config, "tie_word_embeddings", False)
     if tied:
         model.lm_head.weight = model.embed_tokens.weight
@@ -101,7 +131,7 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: 
             expected.update(f"{pname}#{i}" for i in range(2))
         else:
             expected.add(pname)
-    missing = sorted(expected - loaded)
-    if missing:
-        raise ValueError(f"weights missing from {model_dir}: {', '.join(missing[:8])}")
+    missing = sorted(_checkpoint_name(k) for k in expected - loaded)
+    if missing or unexpected or wrong_shape:
+        raise ValueError(_mismatch_message(model_dir, missing, unexpected, wrong_shape))
     return model.to(device=device, dtype=dtype).eval()

@@ -109,6 +109,14 @@ class PagedDecodeKernel:
         bounds.append((start, len(costs)))
         return [b for b in bounds if b[0] < b[1]]
 
+    @staticmethod
+    def _bad_table(seq: int, tables: torch.Tensor, lens: list[int], block_size: int, num_blocks: int) -> IndexError:
+        """The error for a sequence whose block table points outside the pool (the kernel refused it)."""
+        used = tables[seq, : -(-lens[seq] // block_size)].tolist()
+        bad = [b for b in used if not 0 <= b < num_blocks]
+        return IndexError(f"decode attention: block table of sequence {seq} holds block id {bad[0]} "
+                          f"outside the KV pool of {num_blocks} blocks")
+
     def __call__(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
         seq_lens: torch.Tensor, seq_lens_host: list[int], scale: float,
@@ -130,6 +138,8 @@ class PagedDecodeKernel:
         # The calling thread takes the first range itself: one handoff fewer per layer.
         others = [self._executor(len(ranges) - 1).submit(self.fn, *args, *r) for r in ranges[1:]]
         codes = [self.fn(*args, *ranges[0])] + [f.result() for f in others]
-        if any(codes):
+        if any(c < 0 for c in codes):
             raise MemoryError("CPU decode kernel could not allocate its score buffer")
+        if any(codes):
+            raise self._bad_table(min(c for c in codes if c > 0) - 1, tables, seq_lens_host, block_size, num_blocks)
         return out.to(q.dtype)

@@ -85,6 +85,13 @@ int paged_decode_f32(const float *q, const float *k, const float *v, const int32
         const int32_t *table = tables + i * table_stride;
         const float *kb = k + kh * head_stride, *vb = v + kh * head_stride;
         const int64_t len = seq_lens[i];
+        /* a block id outside the pool would read out of bounds: refuse (sequence i + 1) */
+        for (int64_t b = 0; b < (len + block_size - 1) / block_size; ++b) {
+            if (table[b] < 0 || table[b] >= num_blocks) {
+                free(scores), free(maxes), free(sums);
+                return (int)(i + 1);
+            }
+        }
         if (head_dim == 64)
             decode_item(qi, kb, vb, table, len, group, block_size, 64, scale, oi, scores, maxes, sums);
         else if (head_dim == 128)
