@@ -149,7 +149,7 @@ class ShardProcessor:
     behaviour this class exists to avoid). ``should_stop`` is polled about once a
     second; when it returns True the open shards are aborted and every shard not yet
     finished comes back ``cancelled``. ``engine_factory`` builds a fresh engine after
-    two consecutive step faults.
+    a step fault that was no single request's (the shards it held fail, transiently).
     """
 
     def __init__(
@@ -181,7 +181,6 @@ class ShardProcessor:
         self.extra_types = {f.name: f.type for f in self.schema if f.name in plan.extra_columns}
         self._in_flight: dict[str, _InFlight] = {}
         self._nonce = uuid.uuid4().hex[:8]
-        self._faults = 0
         self._last_stop_check = 0.0
 
     # ---- driving ----------------------------------------------------------------------
@@ -434,15 +433,16 @@ class ShardProcessor:
         try:
             outputs = self.engine.step()
         except Exception as exc:
-            self._faults += 1
-            log.exception("engine step failed (%d in a row)", self._faults)
-            self._fail_in_flight(f"engine step failed: {type(exc).__name__}: {exc}")
-            if self._faults >= 2 and self.engine_factory is not None:
-                log.warning("rebuilding the engine after %d consecutive step faults", self._faults)
-                self.engine = self.engine_factory()
-                self._faults = 0
+            # Not one request's fault (the engine isolates those): its state is unknown. Every
+            # shard with rows in it fails (transient: the fleet retries it), then the engine is
+            # rebuilt and the run goes on with the shards that had nothing in it.
+            log.exception("engine step failed; failing the shards in it and rebuilding the engine")
+            reason = f"engine failed: {type(exc).__name__}: {exc}"
+            for shard in {id(i.shard): i.shard for i in self._in_flight.values()}.values():
+                self._fail_shard(shard, reason, transient=True)
+            self._fail_in_flight(reason)
+            self._replace_engine()
             return
-        self._faults = 0
         touched: dict[int, _OpenShard] = {}
         for out in outputs:
             inf = self._in_flight.pop(out.request_id, None)
@@ -463,6 +463,13 @@ class ShardProcessor:
             touched[inf.shard.ref.index] = inf.shard
         for shard in touched.values():
             self._notify(shard.progress)
+
+    def _replace_engine(self) -> None:
+        """A fresh engine from ``engine_factory``; without one, this engine emptied of requests."""
+        if self.engine_factory is None:
+            self._abort_leftovers()
+            return
+        self.engine = self.engine_factory()
 
     def _fail_in_flight(self, message: str) -> None:
         """Every request in the engine becomes an error row; the engine is left empty."""
