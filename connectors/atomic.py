@@ -2,25 +2,33 @@
 
 Readers of the final key see either nothing (or the previous version) or the
 complete new object, never a partial one: a local move is a rename, and on S3 the
-move is a server-side copy that only materialises the destination when complete.
-Temporaries live under `_tmp/` next to the target, a name that input listings skip.
+move is a server-side copy that only materialises the destination when complete,
+then the delete of the temporary. The object is committed once the copy is done; a
+worker that dies before the delete leaves a temporary under `_tmp/`, a name that input
+and output listings skip.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import posixpath
+import time
 import uuid
 from collections.abc import Callable
 from typing import IO
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from connectors.storage import with_retries
 
 log = logging.getLogger(__name__)
 
 TMP_DIR = "_tmp"
+# Test seam for fault tests, never set in production: see _pause_between_copy_and_delete.
+PAUSE_ENV = "TOKENMILL_TEST_PAUSE_COMMIT"
 
 
 def temp_path(path: str) -> str:
@@ -36,6 +44,36 @@ def _remove_quietly(fs: fsspec.AbstractFileSystem, path: str) -> None:
             fs.rm_file(path)
     except Exception as exc:  # cleanup must not hide the original error
         log.warning("could not remove temporary object %s: %s", path, exc)
+
+
+def _pause_between_copy_and_delete(path: str) -> None:
+    """If $TOKENMILL_TEST_PAUSE_COMMIT names an existing folder, the first commit (in any
+    process) to reach this point writes ``<folder>/paused`` ({"pid", "path"}) and waits for
+    ``<folder>/resume``: a test can then freeze the server or kill this worker at the worst
+    moment of a commit, with the object copied and its temporary not yet deleted."""
+    folder = os.environ.get(PAUSE_ENV)
+    if not folder or not os.path.isdir(folder):
+        return
+    mine = os.path.join(folder, f"paused.{os.getpid()}")
+    with open(mine, "w") as f:
+        json.dump({"pid": os.getpid(), "path": path}, f)
+    try:
+        os.link(mine, os.path.join(folder, "paused"))  # atomic: only the first commit pauses
+    except FileExistsError:
+        return
+    finally:
+        os.remove(mine)
+    while not os.path.exists(os.path.join(folder, "resume")):
+        time.sleep(0.05)
+
+
+def _move(fs: fsspec.AbstractFileSystem, tmp: str, path: str, what: str) -> None:
+    if isinstance(fs, LocalFileSystem):
+        with_retries(lambda: fs.mv(tmp, path), what=f"commit {what}")
+        return
+    with_retries(lambda: fs.copy(tmp, path), what=f"commit {what}")
+    _pause_between_copy_and_delete(path)
+    _remove_quietly(fs, tmp)  # committed already: a temporary left behind is only litter
 
 
 def atomic_write(
@@ -55,7 +93,7 @@ def atomic_write(
 
     try:
         with_retries(write_tmp, what=f"write {what}")
-        with_retries(lambda: fs.mv(tmp, path), what=f"commit {what}")
+        _move(fs, tmp, path, what)
     except BaseException:
         _remove_quietly(fs, tmp)
         raise

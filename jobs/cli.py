@@ -206,13 +206,19 @@ def worker(
     ] = "threads",
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
     hostname: Annotated[str | None, typer.Option("--hostname", "-n")] = None,
+    grace_period: Annotated[
+        float | None,
+        typer.Option("--grace-period", help="on SIGTERM, seconds held shards may finish before they are "
+                     "handed back to the broker (default $TOKENMILL_GRACE_PERIOD or 30)"),
+    ] = None,
 ) -> None:
     """Start a fleet worker (blocks); it also runs the enqueue task of 'tokenmill beat'."""
     _use_broker(broker)
     import jobs.scheduled  # noqa: F401  (registers the scheduled-job task on the app)
     from pipeline.worker import start_worker
 
-    start_worker(queues.split(",") if queues else None, concurrency, pool, loglevel, hostname)
+    start_worker(queues.split(",") if queues else None, concurrency, pool, loglevel, hostname,
+                 grace_period=grace_period)
 
 
 @app.command()

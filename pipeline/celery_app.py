@@ -16,6 +16,9 @@ a worker. Settings:
   shard comes back after visibility_timeout + up to interval x throttle. Tests set both to 1.
 - ``TOKENMILL_REDIS_KEY_PREFIX`` (Redis) kombu ``global_keyprefix``, isolating a fleet (or a
   test) that shares a Redis database with others, including the ``unacked`` bookkeeping.
+- ``TOKENMILL_GRACE_PERIOD`` seconds a worker told to stop (SIGTERM: spot reclaim, rolling
+  deploy) gives the shards it holds to finish; default 30. Set it below the time your
+  orchestrator waits before SIGKILL. See ``_drain_on_shutdown``.
 - ``TOKENMILL_BROKER_HEARTBEAT`` AMQP heartbeat seconds, default 0 (off): a solo-pool worker
   runs the shard inside its event loop and cannot answer heartbeats meanwhile, so RabbitMQ
   would drop it mid-shard. A killed worker's socket still closes, and RabbitMQ redelivers
@@ -40,7 +43,7 @@ import logging
 import os
 
 from celery import Celery
-from celery.signals import worker_process_init, worker_ready
+from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,7 @@ DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_RESULT_BACKEND = "redis://127.0.0.1:6379/1"
 DEFAULT_QUEUE = "tokenmill"
 DEFAULT_VISIBILITY_TIMEOUT_S = 4 * 3600
+DEFAULT_GRACE_PERIOD_S = 30
 
 
 def _env_number(name: str) -> float | None:
@@ -133,3 +137,27 @@ def _preload_engine_for_threads(sender: object = None, **_: object) -> None:
 
         engine_service().preload(json.loads(settings))
 
+
+
+def grace_period_s() -> float:
+    value = _env_number("TOKENMILL_GRACE_PERIOD")
+    return float(value) if value is not None else float(DEFAULT_GRACE_PERIOD_S)
+
+
+@worker_shutting_down.connect
+def _drain_on_shutdown(sig: str | None = None, how: str | None = None, **_: object) -> None:
+    """SIGTERM is Celery's warm shutdown: the consumer stops taking messages and the pool waits
+    for its tasks. Bound that wait: shards that do not finish within the grace period are
+    handed back, and their tasks reject their messages with requeue, so the broker gives them
+    to another worker now rather than after the visibility timeout (Redis) or never acking
+    (RabbitMQ). A cold shutdown (SIGQUIT) hands everything back at once.
+
+    Not Celery's soft shutdown (``worker_soft_shutdown_timeout``): under the threads pool its
+    cancel step raises NotImplementedError (the pool cannot terminate one job) and the worker
+    then waits for every task anyway (Celery 5.7); it also sleeps the whole timeout even
+    when the tasks finish sooner."""
+    from pipeline.engine_service import engine_service
+
+    grace = 0.0 if how == "Cold" else grace_period_s()
+    log.warning("worker shutting down (%s, %s): finishing held shards for up to %.0f s", sig, how, grace)
+    engine_service().drain(grace)

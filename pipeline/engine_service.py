@@ -11,6 +11,11 @@ Only shards of the same plan share a run (one plan = one prompt, sampling and ou
 schema). When a shard of another plan is waiting, the current run takes no new shards,
 finishes the ones it has, and the next run starts with the waiting plan: no job starves.
 All engine calls happen on the service thread (one CUDA context, no torch cross-thread use).
+
+Shutdown (``drain``, on SIGTERM): no new shards are taken, shards queued but not yet open
+are handed back at once, open shards may finish within the grace period, and whatever is
+still open then is handed back too: its future raises ``ShardHandedBack`` (the task
+requeues the message) and nothing is reported or committed for it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -34,6 +40,10 @@ from pipeline.shard_result import ShardResult
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.5
+
+
+class ShardHandedBack(Exception):
+    """The worker is shutting down and gives this shard back unfinished (to be requeued)."""
 
 
 @dataclass
@@ -58,6 +68,7 @@ class _PlanFeed:
         self.service, self.key = service, key
         self.taken: dict[int, _ShardTask] = {}
         self.closed = False  # set once another plan's shard waits: this run takes no more
+        self.handing_back = False  # the grace period ran out: open shards are given back
 
     def next_shard(self, wait: bool) -> ShardRef | None:
         with self.service._cond:
@@ -77,6 +88,8 @@ class _PlanFeed:
         the first copy is written, and is then found current and skipped.
         """
         queue = self.service._queue
+        if self.service.draining:
+            self.closed = True
         if self.closed:
             return None
         for task in queue:
@@ -89,13 +102,19 @@ class _PlanFeed:
         return None
 
     def notify(self, progress: ShardProgress) -> None:
+        if self.handing_back and progress.state == "cancelled":
+            return  # not cancelled: handed back, and the task reports that itself
         task = self.taken.get(progress.index)
         if task is not None and task.on_progress is not None:
             task.on_progress(progress)
 
     def should_stop(self) -> bool:
         """The job's cancel flag, asked through any of its shard tasks that can (a task started
-        while the state store was unreachable has no check of its own)."""
+        while the state store was unreachable has no check of its own); or the grace period of a
+        shutdown has run out."""
+        if self.service.hand_back_due():
+            self.handing_back = True
+            return True
         checks = [t.should_stop for t in self.taken.values() if t.should_stop is not None]
         return bool(checks) and checks[0]()
 
@@ -112,6 +131,27 @@ class EngineService:
         self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._hand_back_at: float | None = None  # set by drain()
+
+    @property
+    def draining(self) -> bool:
+        return self._hand_back_at is not None
+
+    def hand_back_due(self) -> bool:
+        return self._hand_back_at is not None and time.monotonic() >= self._hand_back_at
+
+    def drain(self, grace_s: float) -> None:
+        """Shutting down: take no new shards, hand back the queued ones now, and the open ones
+        if they are not finished within ``grace_s`` seconds."""
+        with self._cond:
+            if self._hand_back_at is None or grace_s < self._hand_back_at - time.monotonic():
+                self._hand_back_at = time.monotonic() + max(0.0, grace_s)
+            queued, self._queue = list(self._queue), deque()
+            self._cond.notify_all()
+        for task in queued:
+            task.future.set_exception(ShardHandedBack(f"shard {task.shard.index}: worker shutting down, not started"))
+        log.warning("shutting down: %d queued shard(s) handed back; open shards get %.0f s to finish",
+                    len(queued), grace_s)
 
     def submit(
         self,
@@ -126,6 +166,9 @@ class EngineService:
         future: Future = Future()
         task = _ShardTask(plan, plan_key(plan), shard, on_progress, should_stop, worker or "", future)
         with self._cond:
+            if self.draining:
+                future.set_exception(ShardHandedBack(f"shard {shard.index}: worker shutting down, not started"))
+                return future
             self._queue.append(task)
             self._cond.notify_all()
         return future
@@ -178,7 +221,12 @@ class EngineService:
             )
             for result in processor.run(feed):
                 task = feed.taken.pop(result["index"], None)
-                if task is not None:
+                if task is None:
+                    continue
+                if feed.handing_back and result["status"] == "cancelled":
+                    task.future.set_exception(ShardHandedBack(
+                        f"shard {task.shard.index}: worker shutting down, not finished within the grace period"))
+                else:
                     task.future.set_result(result)
         except BaseException as exc:  # a bug, an engine that cannot be built, a hook calling sys.exit:
             # fail these shards and keep serving; a dead service thread would leave every task waiting

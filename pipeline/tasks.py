@@ -11,15 +11,18 @@ the retry instead of taking the failure as final.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import time
 from typing import Any
 
+from celery.exceptions import Reject
+
 from connectors import ShardRef
 from pipeline.celery_app import app
-from pipeline.engine_service import engine_service
+from pipeline.engine_service import ShardHandedBack, engine_service
 from pipeline.job_state import JobStateStore
 from pipeline.manifest import build_manifest, utc_now
 from pipeline.plan import JobPlan
@@ -107,7 +110,16 @@ def process_shard(self, plan_dict: dict[str, Any], shard_dict: dict[str, Any]) -
     """Process one shard; transient storage failures are retried, then reported as failed."""
     plan, shard = JobPlan.from_dict(plan_dict), ShardRef.from_dict(shard_dict)
     will_retry = self.request.retries < MAX_TRANSIENT_RETRIES
-    result = run_shard(plan, shard, _store(), _worker_name(), will_retry)
+    store = _store()
+    try:
+        result = run_shard(plan, shard, store, _worker_name(), will_retry)
+    except ShardHandedBack as exc:  # the worker is shutting down: the broker gives it to another now
+        log.warning("%s; requeued", exc)
+        if store is not None:
+            with contextlib.suppress(Exception):
+                store.set_shard(plan.job_id, shard.index,
+                               {"state": "queued", "url": shard.url, "part": shard.part_id, "reason": str(exc)})
+        raise Reject(str(exc), requeue=True) from None
     result["part"] = result.get("part") or shard.part_id
     if result["status"] == "failed" and result["transient"] and will_retry:
         log.warning("shard %d failed transiently, retrying: %s", shard.index, result["reason"])

@@ -53,13 +53,18 @@ def start_worker(
     loglevel: str = "INFO",
     hostname: str | None = None,
     preload_engine: dict[str, Any] | None = None,
+    grace_period: float | None = None,
 ) -> None:
     """Run a worker in this process until it is stopped (blocks). Used by the CLI.
 
     ``preload_engine`` (EngineConfig fields; default: JSON in $TOKENMILL_PRELOAD_ENGINE) makes
     the pool build and warm the engine before the worker reports ready, so the first shard
-    does not pay for loading and compilation (see ``pipeline.celery_app``).
+    does not pay for loading and compilation (see ``pipeline.celery_app``). ``grace_period``
+    (default $TOKENMILL_GRACE_PERIOD, else 30 s): on SIGTERM, how long held shards may finish
+    before they are handed back to the broker.
     """
+    if grace_period is not None:
+        os.environ["TOKENMILL_GRACE_PERIOD"] = str(grace_period)
     if preload_engine is not None:
         os.environ["TOKENMILL_PRELOAD_ENGINE"] = json.dumps(preload_engine)
     app.worker_main(worker_argv(queues, concurrency, pool, loglevel, hostname))

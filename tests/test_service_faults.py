@@ -1,0 +1,110 @@
+"""The worker's engine service under faults and shutdown.
+
+- An engine that dies: the shards it held fail with the reason (transiently, so the fleet
+  retries them), the engine is rebuilt, and the service keeps serving.
+- ``drain`` (SIGTERM): nothing new is taken, held shards may finish within the grace
+  period, and what is left then is handed back (``ShardHandedBack``), never reported or
+  committed.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from pipeline_support import local_put, make_plan, write_uniform_shards
+
+from connectors import list_shards, read_parts
+from engine import LLMEngine
+from pipeline import engine_cache
+from pipeline.engine_service import EngineService, ShardHandedBack
+from pipeline.shard_processor import ShardProgress
+
+
+def test_engine_death_fails_its_shards_rebuilds_and_keeps_serving(tmp_path: Path, tiny_model_dir, monkeypatch) -> None:
+    inp, out = tmp_path / "in", tmp_path / "out"
+    ids = write_uniform_shards(local_put(inp), count=2, rows=4)
+    plan = make_plan(str(inp), str(out), tiny_model_dir, job_id="svc-death")
+    first, second = list_shards(plan.input_url)
+    dead = engine_cache.get_engine(plan.engine)
+    real_step = LLMEngine.step
+
+    def dying_step(self):
+        if self is dead:  # this engine's scheduler state is broken: every step raises
+            raise RuntimeError("scheduler state corrupt")
+        return real_step(self)
+
+    monkeypatch.setattr(LLMEngine, "step", dying_step)
+    service = EngineService()
+    failed = service.submit(plan, first, worker="w")
+    service.start()
+    result = failed.result(timeout=300)
+    assert (result["status"], result["reason"], result["transient"]) == (
+        "failed", "engine failed: RuntimeError: scheduler state corrupt", True)
+    assert not list(out.glob("part-*"))  # nothing committed for the failed shard
+
+    rebuilt = engine_cache.get_engine(plan.engine)
+    assert rebuilt is not dead  # the broken engine was replaced, not reused
+    assert not dead.has_unfinished()
+    later = [service.submit(plan, shard) for shard in (first, second)]  # the retry, and a new shard
+    assert [f.result(timeout=300)["status"] for f in later] == ["done", "done"]
+    out_ids = read_parts(plan.output_url).column("id").to_pylist()
+    assert sorted(out_ids) == sorted(ids) and len(out_ids) == len(set(out_ids))
+
+
+class _Events(list):
+    def __init__(self, when, seen: threading.Event) -> None:
+        super().__init__()
+        self.when, self.seen = when, seen
+
+    def append(self, event: ShardProgress) -> None:
+        super().append(event)
+        if event.state == "running" and self.when(self):
+            self.seen.set()
+
+
+def _recorder(when) -> tuple[_Events, threading.Event]:
+    """Progress events, and an Event set at the first running event after which ``when(events)`` holds."""
+    seen = threading.Event()
+    return _Events(when, seen), seen
+
+
+def _long_plan(tmp_path: Path, model_dir: Path, tag: str, rows: int):
+    inp = tmp_path / tag / "in"
+    ids = write_uniform_shards(local_put(inp), count=3, rows=rows)
+    plan = make_plan(str(inp), str(tmp_path / tag / "out"), model_dir, job_id=f"svc-{tag}",
+                     sampling={"max_tokens": 32, "temperature": 0.0, "ignore_eos": True})
+    return plan, list_shards(plan.input_url), ids
+
+
+def test_drain_hands_back_open_shards_when_the_grace_period_is_over(tmp_path: Path, tiny_model_dir) -> None:
+    plan, shards, _ = _long_plan(tmp_path, tiny_model_dir, "drain0", rows=200)
+    events, mid_shard = _recorder(lambda events: any(e.rows_done > 0 for e in events))
+    service = EngineService()
+    futures = [service.submit(plan, shard, on_progress=events.append) for shard in shards[:2]]
+    service.start()
+    assert mid_shard.wait(120)
+    service.drain(0.0)
+    for future in futures:
+        with pytest.raises(ShardHandedBack, match="worker shutting down"):
+            future.result(timeout=120)
+    with pytest.raises(ShardHandedBack, match="not started"):  # nothing new is taken
+        service.submit(plan, shards[2]).result(timeout=5)
+    assert not list(Path(plan.output_url).glob("part-*"))  # nothing committed
+    # (the second shard was still queued behind the first, unread: handed back as "not started")
+    assert not [e for e in events if e.state not in ("running",)]  # never reported cancelled or done
+
+
+def test_drain_lets_held_shards_finish_within_the_grace_period(tmp_path: Path, tiny_model_dir) -> None:
+    plan, shards, ids = _long_plan(tmp_path, tiny_model_dir, "drain-grace", rows=6)
+    events, opened = _recorder(lambda events: {e.index for e in events} == {0, 1})  # both open
+    service = EngineService()
+    futures = [service.submit(plan, shard, on_progress=events.append) for shard in shards[:2]]
+    service.start()
+    assert opened.wait(120)
+    service.drain(600.0)
+    assert [f.result(timeout=300)["status"] for f in futures] == ["done", "done"]
+    with pytest.raises(ShardHandedBack):
+        service.submit(plan, shards[2]).result(timeout=5)
+    assert sorted(read_parts(plan.output_url).column("id").to_pylist()) == sorted(ids[:12])
