@@ -4,5 +4,5 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import (transformers pulls it in)
 
 
-from conftest_s3 import s3_bucket, s3_server  # noqa: F401  (loopback S3 fixtures)
+from conftest_s3 import any_s3_server, s3_bucket, s3_server, seaweedfs_server  # noqa: F401  (loopback S3 fixtures)
 from model_fixtures import default_model_dir, tiny_model_dir  # noqa: F401
