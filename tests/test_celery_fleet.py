@@ -249,14 +249,6 @@ def _wait(fleet: Fleet, job_id: str) -> dict[str, Any]:
         raise AssertionError(f"job {job_id} did not finish: {job_status(job_id)}\n{fleet.logs()}") from None
 
 
-def _running_shard(job_id: str) -> dict[str, Any] | None:
-    """A shard a worker reports running with some rows already done."""
-    for shard in job_status(job_id)["shards"]:
-        if shard["state"] == "running" and shard["rows_done"] > 0:
-            return shard
-    return None
-
-
 def test_client_apps_carry_the_key_prefix_they_were_asked_for(monkeypatch) -> None:
     from pipeline.fleet import _client_app
 
@@ -367,38 +359,7 @@ def test_cancel_job(redis_fleet, tmp_path, tiny_model_dir) -> None:
     assert sorted(int(p.name[5:10]) for p in (tmp_path / "out").glob("part-*.parquet")) == done
 
 
-# ---- a worker killed mid-shard --------------------------------------------------------------
-
-
-def _kill_mid_shard(fleet: Fleet, tmp_path: Path, tiny_model_dir: Path, tag: str) -> None:
-    fleet.ensure(2)
-    inp = tmp_path / "in"
-    ids = write_uniform_shards(local_put(inp), count=4, rows=200)  # seconds per shard: caught mid-shard
-    plan = make_plan(str(inp), str(tmp_path / "out"), tiny_model_dir, job_id=_job_id(tag),
-                     sampling={"max_tokens": 48, "temperature": 0.0, "ignore_eos": True})
-    job_id = fleet.submit(plan)
-    victim_shard = wait_until(lambda: _running_shard(job_id), 180, "a shard running on a worker")
-    victim = fleet.by_pid(int(victim_shard["worker"].rsplit(":", 1)[1]))
-    victim.kill()  # SIGKILL: no chance to ack, reject or clean up
-
-    status = _wait(fleet, job_id)
-    assert status["status"] == "succeeded", fleet.logs()
-    output = read_parts(plan.output_url).column("id").to_pylist()
-    assert sorted(output) == sorted(ids) and len(output) == len(set(output))  # every id exactly once
-    manifest = read_manifest(plan.output_url)
-    redone = manifest["shards"][victim_shard["index"]]
-    assert redone["status"] == "done" and redone["worker"] != victim_shard["worker"]
-    assert success_marker_exists(plan.output_url)
-
-
-def test_killed_worker_shard_is_redelivered_redis(redis_fleet, tmp_path, tiny_model_dir) -> None:
-    """Redis: the dead worker's unacked shard comes back after the visibility timeout (10 s here)."""
-    _kill_mid_shard(redis_fleet, tmp_path, tiny_model_dir, "kill-redis")
-
-
-def test_killed_worker_shard_is_redelivered_rabbitmq(rabbit_fleet, tmp_path, tiny_model_dir) -> None:
-    """RabbitMQ: the connection closes with the process and the shard is requeued at once."""
-    _kill_mid_shard(rabbit_fleet, tmp_path, tiny_model_dir, "kill-rabbit")
+# ---- a worker killed mid-shard: tests/test_faults_fleet.py (threads pool, S3, two shards held) ----
 
 
 def test_threads_worker_builds_its_engine_on_the_service_thread_before_ready(rabbit_fleet) -> None:
