@@ -108,3 +108,29 @@ def test_drain_lets_held_shards_finish_within_the_grace_period(tmp_path: Path, t
     with pytest.raises(ShardHandedBack):
         service.submit(plan, shards[2]).result(timeout=5)
     assert sorted(read_parts(plan.output_url).column("id").to_pylist()) == sorted(ids[:12])
+
+
+def test_grace_period_option_reaches_the_shutdown_handler(monkeypatch) -> None:
+    """``tokenmill worker --grace-period 7``: SIGTERM (warm) drains with 7 s, SIGQUIT (cold) with 0."""
+    from typer.testing import CliRunner
+
+    from jobs.cli import app as cli
+    from pipeline import celery_app, engine_service, worker
+
+    monkeypatch.delenv("TOKENMILL_GRACE_PERIOD", raising=False)
+    assert celery_app.grace_period_s() == 30.0
+    monkeypatch.setattr(worker.app, "worker_main", lambda argv: None)  # do not start a worker
+    result = CliRunner().invoke(cli, ["worker", "--grace-period", "7"])
+    assert result.exit_code == 0, result.output
+    assert celery_app.grace_period_s() == 7.0
+
+    drained: list[float] = []
+
+    class _Service:
+        def drain(self, grace_s: float) -> None:
+            drained.append(grace_s)
+
+    monkeypatch.setattr(engine_service, "engine_service", _Service)
+    celery_app._drain_on_shutdown(sig="SIGTERM", how="Warm")
+    celery_app._drain_on_shutdown(sig="SIGQUIT", how="Cold")
+    assert drained == [7.0, 0.0]
