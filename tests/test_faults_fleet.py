@@ -75,9 +75,10 @@ def rabbit_fleet(tmp_path_factory, tiny_model_dir, s3_env, pause_dir) -> Iterato
 
 @pytest.fixture(scope="module")
 def redis_fleet(tmp_path_factory, tiny_model_dir, s3_env) -> Iterator[Fleet]:
-    """Visibility timeout 30 s: a killed worker's shards come back after it."""
+    """Visibility timeout 20 s (shards here take a few seconds): a killed worker's shards come back after it."""
     _require(6379, "Redis")
-    yield from _make_fleet(REDIS_BROKER, tmp_path_factory, tiny_model_dir, s3_env, pool="threads")
+    extra = {**s3_env, "TOKENMILL_VISIBILITY_TIMEOUT": "20"}
+    yield from _make_fleet(REDIS_BROKER, tmp_path_factory, tiny_model_dir, extra, pool="threads")
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +132,7 @@ def _redone_elsewhere(job_id: str, indices: list[int], victim: int) -> None:
 
 def _kill_a_worker_holding_two(fleet: Fleet, s3_server, bucket: str, model_dir: Path, tag: str) -> None:
     fleet.ensure(2)
-    plan, ids = _s3_job(fleet, s3_server, bucket, model_dir, tag, rows=120)
+    plan, ids = _s3_job(fleet, s3_server, bucket, model_dir, tag, rows=80)
     job_id = fleet.submit(plan)
     pid, held = wait_until(lambda: _worker_holding_two(job_id), 180, "a worker holding two running shards")
     fleet.by_pid(pid).kill()  # SIGKILL: no ack, no reject, no cleanup
@@ -149,7 +150,7 @@ def test_kill9_of_a_threads_worker_holding_two_shards_rabbitmq_s3(rabbit_fleet, 
 
 def test_kill9_of_a_threads_worker_holding_two_shards_redis_s3(redis_fleet, s3_server, s3_bucket,
                                                                 tiny_model_dir) -> None:
-    """Redis: both unacked shards come back after the visibility timeout (30 s here)."""
+    """Redis: both unacked shards come back after the visibility timeout (20 s here)."""
     _kill_a_worker_holding_two(redis_fleet, s3_server, s3_bucket, tiny_model_dir, "kill9-redis")
 
 
@@ -188,7 +189,7 @@ def test_sigterm_hands_shards_back_at_once_and_the_job_completes_elsewhere(
 ) -> None:
     fleet = redis_graceful_fleet
     fleet.ensure(2)
-    plan, ids = _s3_job(fleet, s3_server, s3_bucket, tiny_model_dir, "sigterm", rows=150)
+    plan, ids = _s3_job(fleet, s3_server, s3_bucket, tiny_model_dir, "sigterm", rows=100)
     job_id = fleet.submit(plan)
     pid, held = wait_until(lambda: _worker_holding_two(job_id), 180, "a worker holding two running shards")
     victim = fleet.by_pid(pid)
