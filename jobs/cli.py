@@ -6,6 +6,7 @@
     tokenmill cancel JOB_ID
     tokenmill worker [--broker] [--queues]  a fleet worker
     tokenmill beat --jobs DIR [--broker]    enqueue specs with a ``schedule`` when due
+    tokenmill serve --storage URL [--broker] the OpenAI-compatible Batches API, job routes, dashboard
     tokenmill bench                         the engine benchmark
 
 A broker given with ``--broker`` is exported as $TOKENMILL_BROKER_URL before anything
@@ -211,11 +212,20 @@ def worker(
         typer.Option("--grace-period", help="on SIGTERM, seconds held shards may finish before they are "
                      "handed back to the broker (default $TOKENMILL_GRACE_PERIOD or 30)"),
     ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", help="serve Prometheus metrics at http://HOST:PORT/metrics")
+    ] = None,
+    metrics_host: Annotated[str, typer.Option("--metrics-host", help="address the metrics server binds")] = "0.0.0.0",
 ) -> None:
     """Start a fleet worker (blocks); it also runs the enqueue task of 'tokenmill beat'."""
     _use_broker(broker)
     import jobs.scheduled  # noqa: F401  (registers the scheduled-job task on the app)
     from pipeline.worker import start_worker
+
+    if metrics_port is not None:
+        from pipeline.metrics import serve_metrics
+
+        serve_metrics(metrics_port, metrics_host)
 
     start_worker(queues.split(",") if queues else None, concurrency, pool, loglevel, hostname,
                  grace_period=grace_period)
@@ -249,6 +259,53 @@ def beat(
         run_beat(jobs_dir, broker, loglevel.upper(), specs=specs)
     except CredentialError as exc:
         _fail(f"spec error: {exc}", SPEC_EXIT)
+
+
+@app.command()
+def serve(
+    storage: Annotated[str, typer.Option("--storage", help="fsspec URL for uploaded files, results and metadata")],
+    broker: Annotated[
+        str | None, typer.Option("--broker", "-b", help="the fleet's broker; none: jobs run in this process")
+    ] = None,
+    queue: QueueOption = None,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", "-p")] = 8000,
+    api_keys_file: Annotated[
+        Path | None, typer.Option("--api-keys-file", help="one key per line (also: $TOKENMILL_API_KEYS)")
+    ] = None,
+    model: Annotated[str, typer.Option("--model", help="registered model name or local directory")] = (
+        "smollm2-135m-instruct"),
+    served_model_name: Annotated[
+        str | None, typer.Option("--served-model-name", help="the name batch requests give as body.model")
+    ] = None,
+    engine_options: Annotated[
+        str | None, typer.Option("--engine-options", help='JSON of more [model] fields, e.g. {"num_threads": 1}')
+    ] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="for requests that set none")] = 256,
+    max_upload_mb: Annotated[float, typer.Option("--max-upload-mb")] = 200.0,
+) -> None:
+    """Serve the OpenAI Files/Batches API, /v1/jobs, /metrics and the dashboard at / (blocks)."""
+    _logging()
+    _use_broker(broker)
+    from service.app import serve as run_server
+    from service.settings import ServiceSettings, SettingsError, load_api_keys
+
+    try:
+        keys = load_api_keys(os.environ.get("TOKENMILL_API_KEYS"), api_keys_file)
+        options = json.loads(engine_options) if engine_options else {}
+        if not isinstance(options, dict):
+            raise SettingsError("--engine-options: expected a JSON object")
+    except (SettingsError, ValueError) as exc:
+        _fail(f"serve: {exc}", SPEC_EXIT)
+    settings = ServiceSettings(
+        storage_url=storage, api_keys=keys, broker_url=broker, queue=queue,
+        redis_key_prefix=os.environ.get("TOKENMILL_REDIS_KEY_PREFIX"), model=model,
+        served_model_name=served_model_name, engine_options=options, default_max_tokens=max_tokens,
+        max_upload_bytes=int(max_upload_mb * 1024 * 1024),
+    )
+    typer.echo(f"tokenmill serve: http://{host}:{port}/ ({'fleet ' + broker if broker else 'embedded runner'}, "
+               f"model {settings.model_name}, storage {storage})", err=True)
+    run_server(settings, host, port)
 
 
 def _bench_script() -> Path:

@@ -103,6 +103,10 @@ def make_app(
         broker_connection_retry_on_startup=True,
         broker_heartbeat=_env_number("TOKENMILL_BROKER_HEARTBEAT") or 0,
         result_expires=7 * 24 * 3600,
+        # Task events for Celery's own monitoring (Flower, `celery events`): shard tasks are
+        # seen when sent, received, started and finished.
+        worker_send_task_events=True,
+        task_send_sent_event=True,
     )
     if broker.startswith(("redis://", "rediss://", "redis+socket://")):
         app.conf.broker_transport_options = redis_transport_options(redis_key_prefix)

@@ -33,6 +33,7 @@ from typing import Any
 
 from connectors import ShardRef
 from pipeline.engine_cache import get_engine, rebuild_engine
+from pipeline.metrics import step_observer
 from pipeline.plan import JobPlan
 from pipeline.shard_processor import ProgressCallback, ShardProcessor, ShardProgress
 from pipeline.shard_result import ShardResult
@@ -217,7 +218,7 @@ class EngineService:
             processor = ShardProcessor(
                 get_engine(settings), first.plan, cross_shard=self.cross_shard, on_progress=feed.notify,
                 should_stop=feed.should_stop, engine_factory=lambda: rebuild_engine(settings),
-                worker=first.worker or None,
+                worker=first.worker or None, on_step=step_observer(first.plan),
             )
             for result in processor.run(feed):
                 task = feed.taken.pop(result["index"], None)

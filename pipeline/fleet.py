@@ -139,19 +139,20 @@ def job_status(job: str | JobPlan, *, state_url: str | None = None) -> dict[str,
         if plan is None:
             raise
     if meta:
-        return _live_status(job_id, meta, shards)
+        return live_status(job_id, meta, shards)
     if plan is None:
         raise KeyError(f"unknown job {job_id!r}: no state in Redis (pass the JobPlan to read its output)")
     return _status_from_output(plan)
 
 
-def _live_status(job_id: str, meta: dict[str, Any], shards: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def live_status(job_id: str, meta: dict[str, Any], shards: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The status dict from a job's meta and per-shard states (also used by the service's embedded runner)."""
     now = time.time()
     rows = [
         {
             "index": i, "url": s.get("url"), "state": s.get("state", "queued"), "rows_done": s.get("rows_done", 0),
             "errors": s.get("errors", 0), "output_tokens": s.get("output_tokens", 0), "reason": s.get("reason"),
-            "worker": s.get("worker"),
+            "worker": s.get("worker"), "kv_usage": s.get("kv_usage"), "prefix_hit_rate": s.get("prefix_hit_rate"),
             # a "running" shard whose worker died keeps its state until the broker redelivers it
             # (Redis: after the visibility timeout); a large value here is the hint
             "updated_s_ago": round(now - s["updated_at"], 1) if s.get("updated_at") else None,
@@ -175,6 +176,7 @@ def _live_status(job_id: str, meta: dict[str, Any], shards: dict[int, dict[str, 
     return {
         "job_id": job_id,
         "name": meta.get("name"),
+        "kind": meta.get("kind"),
         "status": status,
         "output_url": meta.get("output_url"),
         "shards": rows,

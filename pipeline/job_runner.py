@@ -16,10 +16,11 @@ from connectors import list_shards
 from engine import LLMEngine
 from pipeline.engine_cache import get_engine, rebuild_engine
 from pipeline.manifest import build_manifest, engine_delta, utc_now
+from pipeline.metrics import step_observer
 from pipeline.plan import JobPlan
 from pipeline.progress import RunProgress
 from pipeline.publish import begin_output, publish
-from pipeline.shard_processor import ShardProcessor
+from pipeline.shard_processor import ShardProcessor, ShardProgress
 from pipeline.summary import run_report_hook, run_summary_hook
 
 log = logging.getLogger(__name__)
@@ -32,11 +33,13 @@ def run_embedded(
     cross_shard: bool = True,
     engine: LLMEngine | None = None,
     should_stop: Callable[[], bool] | None = None,
+    on_progress: Callable[[ShardProgress], None] | None = None,
 ) -> dict[str, Any]:
     """Process every shard of ``plan`` here and return the manifest (also written to the output).
 
     ``engine`` defaults to the process's cached engine for ``plan.engine``;
-    ``cross_shard=False`` drains the engine between shards (benchmarking only).
+    ``cross_shard=False`` drains the engine between shards (benchmarking only);
+    ``on_progress`` also gets every shard's progress (the HTTP service's embedded runner).
     """
     started_at, t0 = utc_now(), time.perf_counter()
     shards = list_shards(
@@ -48,11 +51,11 @@ def run_embedded(
     before = engine.stats()
     processor = ShardProcessor(
         engine, plan, cross_shard=cross_shard, should_stop=should_stop,
-        engine_factory=lambda: rebuild_engine(plan.engine),
+        engine_factory=lambda: rebuild_engine(plan.engine), on_step=step_observer(plan),
     )
     results: list[dict[str, Any]] = []
     with RunProgress(len(shards), engine, enabled=progress) as bar:
-        processor.on_progress = bar
+        processor.on_progress = bar if on_progress is None else (lambda p: (bar(p), on_progress(p)))
         for result in processor.run(shards):
             if result["status"] == "failed":
                 log.warning("shard %d (%s) failed: %s", result["index"], result["url"], result["reason"])

@@ -69,6 +69,7 @@ class ShardProgress:
     errors: int = 0
     prompt_tokens: int = 0
     output_tokens: int = 0
+    cached_prompt_tokens: int = 0
     started_at: float = field(default_factory=time.time)
     reason: str | None = None
     transient: bool = False  # a failure that a retry of the shard may not hit
@@ -163,8 +164,10 @@ class ShardProcessor:
         should_stop: Callable[[], bool] | None = None,
         engine_factory: Callable[[], LLMEngine] | None = None,
         worker: str | None = None,
+        on_step: Callable[[LLMEngine, float], None] | None = None,
     ) -> None:
         validate_prompt(plan.prompt)
+        self.on_step = on_step  # metrics: called with the engine and the step's seconds
         self.engine = engine
         self.plan = plan
         self.cross_shard = cross_shard
@@ -430,6 +433,7 @@ class ShardProcessor:
         if not self.engine.has_unfinished():  # cannot happen unless the engine lost requests
             self._fail_in_flight("the engine dropped the request")
             return
+        started = time.perf_counter()
         try:
             outputs = self.engine.step()
         except Exception as exc:
@@ -443,6 +447,8 @@ class ShardProcessor:
             self._fail_in_flight(reason)
             self._replace_engine()
             return
+        if self.on_step is not None:
+            self.on_step(self.engine, time.perf_counter() - started)
         touched: dict[int, _OpenShard] = {}
         for out in outputs:
             inf = self._in_flight.pop(out.request_id, None)
@@ -515,6 +521,7 @@ class ShardProcessor:
         p.prompt_tokens += row["prompt_tokens"]
         p.output_tokens += row["output_tokens"]
         shard.cached_prompt_tokens += row["cached_prompt_tokens"]
+        p.cached_prompt_tokens = shard.cached_prompt_tokens
         if len(shard.rows) >= SPOOL_ROWS:
             self._spool(shard, at_least=SPOOL_ROWS // 4)
         if notify:
@@ -624,6 +631,7 @@ class ShardProcessor:
             ref.index, ref.url, status, rows_done=result["rows"], errors=result["errors"],
             prompt_tokens=result["prompt_tokens"], output_tokens=result["output_tokens"], reason=result["reason"],
             transient=result["transient"],
+            cached_prompt_tokens=result["cached_prompt_tokens"],
         )
         self._notify(progress)
         return result

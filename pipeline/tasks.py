@@ -21,6 +21,7 @@ from typing import Any
 from celery.exceptions import Reject
 
 from connectors import ShardRef
+from pipeline import metrics
 from pipeline.celery_app import app
 from pipeline.engine_service import ShardHandedBack, engine_service
 from pipeline.job_state import JobStateStore
@@ -78,6 +79,8 @@ class _Reporter:
             "state": RETRYING if retrying else p.state, "url": p.url, "part": self.part,
             "rows_done": p.rows_done, "errors": p.errors, "output_tokens": p.output_tokens,
             "prompt_tokens": p.prompt_tokens, "reason": p.reason, "worker": self.worker, "started_at": self.started_at,
+            "cached_prompt_tokens": p.cached_prompt_tokens,
+            **{k: v for k, v in metrics.snapshot().items() if k in ("kv_usage", "prefix_hit_rate")},
         }
         if final:
             state["finished_at"] = time.time()
@@ -94,15 +97,24 @@ def run_shard(
     shard tasks under the threads pool); always returns a ShardResult dict. ``will_retry``:
     the caller runs the shard again after a transient failure."""
     reporter = _Reporter(store, plan.job_id, worker, shard.part_id, will_retry)
+    meter = metrics.ShardMeter(plan)
     if store is not None and store.is_cancelled(plan.job_id):
         result = ShardResult(shard.index, shard.url, "cancelled", reason="job cancelled", worker=worker,
                              part=shard.part_id).to_dict()
         reporter(ShardProgress(shard.index, shard.url, "cancelled", reason="job cancelled"))
+        meter.finish(result)
         return result
     reporter(ShardProgress(shard.index, shard.url, "running"))
     reporter._last = 0.0
     should_stop = (lambda: store.is_cancelled(plan.job_id)) if store is not None else None
-    return engine_service().process(plan, shard, on_progress=reporter, should_stop=should_stop, worker=worker)
+
+    def on_progress(p: ShardProgress) -> None:
+        meter.progress(p)
+        reporter(p)
+
+    result = engine_service().process(plan, shard, on_progress=on_progress, should_stop=should_stop, worker=worker)
+    meter.finish(result)
+    return result
 
 
 @app.task(name="tokenmill.process_shard", bind=True, max_retries=MAX_TRANSIENT_RETRIES)

@@ -1,0 +1,83 @@
+"""The FastAPI application of ``tokenmill serve`` and its start-up."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from importlib.resources import files
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service import metrics
+from service.batches import BatchAdvancer
+from service.errors import install_handlers
+from service.records import Store
+from service.routes_batches import router as batches_router
+from service.routes_files import router as files_router
+from service.routes_jobs import router as jobs_router
+from service.runners import EmbeddedRunner, FleetRunner, Runner
+from service.settings import ServiceSettings
+
+log = logging.getLogger(__name__)
+STATIC = files("service") / "static"
+
+
+def make_runner(settings: ServiceSettings) -> Runner:
+    if settings.broker_url:
+        return FleetRunner(settings.broker_url, settings.queue, settings.redis_key_prefix)
+    return EmbeddedRunner()
+
+
+def create_app(settings: ServiceSettings, runner: Runner | None = None) -> FastAPI:
+    store = Store(settings.storage_url, settings.storage_options)
+    runner = runner or make_runner(settings)
+    advancer = BatchAdvancer(store, runner, settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> Any:
+        advancer.start()
+        yield
+        advancer.stop()
+
+    app = FastAPI(title="tokenmill", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.settings, app.state.store, app.state.runner = settings, store, runner
+    install_handlers(app)
+    metrics.install(store)
+    app.include_router(files_router)
+    app.include_router(batches_router)
+    app.include_router(jobs_router)
+    app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        return {"status": "ok", "mode": "fleet" if settings.broker_url else "embedded",
+                "model": settings.model_name}
+
+    @app.get("/metrics")
+    def prometheus() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", include_in_schema=False)
+    def dashboard() -> FileResponse:
+        """The page itself is public; it asks for a key and sends it with every JSON call."""
+        return FileResponse(str(STATIC / "index.html"), media_type="text/html")
+
+    @app.get("/v1/models")
+    def models(request: Request) -> dict[str, Any]:
+        from service.auth import owner_of
+
+        owner_of(request)
+        return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": 0,
+                                            "owned_by": "tokenmill"}]}
+
+    return app
+
+
+def serve(settings: ServiceSettings, host: str, port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")

@@ -1,0 +1,24 @@
+"""Bearer API keys: every route but /healthz, /metrics and the dashboard's static page needs one."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Request
+
+from service.errors import APIError
+
+
+def owner_of(request: Request) -> str:
+    """FastAPI dependency: the caller's owner id (a hash of its key), or 401."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise APIError(401, "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.",
+                       code="missing_api_key")
+    owners: dict[str, str] = request.app.state.settings.owners
+    token = token.strip()
+    for key, owner in owners.items():
+        if hmac.compare_digest(key.encode(), token.encode()):
+            return owner
+    raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")

@@ -1,0 +1,164 @@
+"""A batch's life: validating -> in_progress -> finalizing -> completed (or failed; cancelling -> cancelled).
+
+A background thread of the server (``BatchAdvancer``) moves every unfinished batch along:
+it turns a validating batch into an ``openai_batch`` job and submits it, follows the job's
+shards into ``request_counts``, and when the job ends splits its output lines into the
+batch's output file (answered requests) and error file (failed ones, keyed by custom_id).
+The same loop keeps the status of plain jobs fresh for the listings and metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any
+
+from connectors import write_bytes
+from connectors.blobs import read_bytes
+from jobs.openai_merge import merge_lines
+from jobs.spec import JobSpec
+from service.records import BATCH_FINAL, BatchRecord, FileRecord, JobRecord, Store, new_id, now
+from service.runners import Runner
+from service.settings import ServiceSettings
+
+log = logging.getLogger(__name__)
+
+JOB_FINAL = ("succeeded", "completed_with_errors", "cancelled", "failed")
+
+
+def batch_spec(batch: BatchRecord, store: Store, settings: ServiceSettings) -> JobSpec:
+    return JobSpec.from_dict({
+        "name": "openai-batch", "kind": "openai_batch",
+        "input": {"url": store.content_url(batch.input_file_id), "format": "openai_batch"},
+        "output": {"url": batch.output_url},
+        "model": settings.model_section(),
+        "sampling": {"max_tokens": settings.default_max_tokens, "temperature": 0.0},
+    })
+
+
+class BatchAdvancer:
+    def __init__(self, store: Store, runner: Runner, settings: ServiceSettings) -> None:
+        self.store, self.runner, self.settings = store, runner, settings
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tokenmill-batch-advancer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.settings.poll_s):
+            try:
+                self.tick()
+            except Exception:
+                log.exception("batch advancer tick failed")
+
+    def tick(self) -> None:
+        for batch in self.store.all(BatchRecord):
+            if batch.status not in BATCH_FINAL:
+                try:
+                    self.advance(batch.id)
+                except Exception as exc:
+                    log.exception("batch %s", batch.id)
+                    self._update(batch.id, status="failed", failed_at=now(),
+                                 errors=[{"code": "server_error", "message": f"{type(exc).__name__}: {exc}"}])
+        for job in self.store.all(JobRecord):
+            if job.status not in JOB_FINAL:
+                self._refresh_job(job)
+
+    def _refresh_job(self, job: JobRecord) -> None:
+        try:
+            status = self.runner.status(job.id)["status"]
+        except KeyError:
+            status = "failed"  # an embedded job lost with a server restart
+        if status != job.status:
+            with self.store.lock:
+                job.status = status
+                self.store.put(job)
+
+    def _update(self, batch_id: str, **values: Any) -> BatchRecord:
+        with self.store.lock:
+            batch = self.store.get(BatchRecord, batch_id)
+            for key, value in values.items():
+                setattr(batch, key, value)
+            self.store.put(batch)
+            return batch
+
+    def advance(self, batch_id: str) -> None:
+        batch = self.store.get(BatchRecord, batch_id)
+        if batch is None or batch.status in BATCH_FINAL:
+            return
+        if batch.job_id is None:
+            if batch.status == "cancelling":
+                self._update(batch_id, status="cancelled", cancelled_at=now())
+                return
+            self._submit(batch)
+            return
+        try:
+            job = self.runner.status(batch.job_id)
+        except KeyError as exc:
+            self._update(batch_id, status="failed", failed_at=now(),
+                         errors=[{"code": "job_lost", "message": str(exc.args[0] if exc.args else exc)}])
+            return
+        progress = job["progress"]
+        counts = {"total": batch.request_counts["total"],
+                  "completed": progress["rows_done"] - progress["errors"], "failed": progress["errors"]}
+        if job["status"] not in JOB_FINAL:
+            values: dict[str, Any] = {"request_counts": counts}
+            if job["status"] == "finalizing" and batch.status == "in_progress":
+                values.update(status="finalizing", finalizing_at=now())
+            self._update(batch_id, **values)
+            return
+        if job["status"] == "failed":
+            reasons = [s["reason"] for s in job["shards"] if s.get("reason")] or ["the job failed"]
+            self._update(batch_id, status="failed", failed_at=now(), request_counts=counts,
+                         errors=[{"code": "job_failed", "message": r} for r in reasons[:10]])
+            return
+        if batch.status == "in_progress":
+            batch = self._update(batch_id, status="finalizing", finalizing_at=now())
+        self._finalize(batch, cancelled=job["status"] == "cancelled")
+        self._refresh_job(self.store.get(JobRecord, batch.job_id) or JobRecord(
+            id=batch.job_id, owner=batch.owner, kind="openai_batch", name="openai-batch", batch_id=batch.id))
+
+    def _submit(self, batch: BatchRecord) -> None:
+        try:
+            plan = batch_spec(batch, self.store, self.settings).to_plan(batch.id)
+        except ValueError as exc:  # the request file no longer converts (validated at create)
+            self._update(batch.id, status="failed", failed_at=now(),
+                         errors=[{"code": "invalid_request", "message": str(exc)}])
+            return
+        job_id = self.runner.submit(plan)
+        with self.store.lock:
+            self.store.put(JobRecord(id=job_id, owner=batch.owner, kind=plan.kind, name=plan.name,
+                                     status="queued", batch_id=batch.id, output_url=batch.output_url))
+        self._update(batch.id, job_id=job_id, status="in_progress", in_progress_at=now())
+
+    def _finalize(self, batch: BatchRecord, *, cancelled: bool) -> None:
+        """Split the job's output lines into the output file and the error file."""
+        merged = merge_lines(batch.output_url, self.settings.storage_options)
+        ok, failed = [], []
+        for line in read_bytes(merged["url"], self.settings.storage_options).splitlines():
+            if line.strip():
+                (failed if json.loads(line).get("error") is not None else ok).append(line + b"\n")
+        values: dict[str, Any] = {
+            "request_counts": {"total": batch.request_counts["total"], "completed": len(ok), "failed": len(failed)},
+            "output_file_id": self._result_file(batch, "output", ok) if ok else None,
+            "error_file_id": self._result_file(batch, "error", failed) if failed else None,
+        }
+        if cancelled:
+            values.update(status="cancelled", cancelled_at=now())
+        else:
+            values.update(status="completed", completed_at=now())
+        self._update(batch.id, **values)
+
+    def _result_file(self, batch: BatchRecord, which: str, lines: list[bytes]) -> str:
+        file_id = new_id("file-")
+        data = b"".join(lines)
+        url = self.store.content_url(file_id)
+        write_bytes(url, data, self.settings.storage_options)
+        self.store.put(FileRecord(id=file_id, owner=batch.owner, filename=f"{batch.id}_{which}.jsonl",
+                                  purpose="batch_output", bytes=len(data), content_url=url))
+        return file_id

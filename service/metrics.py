@@ -1,0 +1,50 @@
+"""The server's Prometheus metrics: batches and jobs by status, read from the records at scrape time.
+
+In embedded mode the same registry also carries the engine and shard metrics of
+``pipeline.metrics``, since jobs run in this process.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+from prometheus_client import REGISTRY
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from service.records import BATCH_FINAL, BatchRecord, JobRecord, Store
+
+BATCH_STATUSES = ("validating", "in_progress", "finalizing", "cancelling", *BATCH_FINAL)
+JOB_STATUSES = ("queued", "running", "finalizing", "cancelling", "succeeded", "completed_with_errors",
+                "cancelled", "failed")
+
+
+class RecordsCollector(Collector):
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        batches = Counter(b.status for b in self.store.all(BatchRecord))
+        jobs = Counter(j.status for j in self.store.all(JobRecord))
+        for name, doc, counts, known in (
+            ("tokenmill_server_batches", "Batches known to this server, by status", batches, BATCH_STATUSES),
+            ("tokenmill_server_jobs", "Jobs submitted through this server (batches included), by status",
+             jobs, JOB_STATUSES),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=["status"])
+            for status in sorted(set(known) | set(counts)):
+                family.add_metric([status], counts.get(status, 0))
+            yield family
+
+
+_installed: RecordsCollector | None = None
+
+
+def install(store: Store) -> None:
+    """Register (or re-point) the collector on the default registry."""
+    global _installed
+    if _installed is not None:
+        REGISTRY.unregister(_installed)
+    _installed = RecordsCollector(store)
+    REGISTRY.register(_installed)

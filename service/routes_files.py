@@ -1,0 +1,86 @@
+"""``/v1/files``: upload (multipart, ``purpose=batch``), list, retrieve, content, delete."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
+from fastapi.responses import Response
+
+from connectors import write_bytes
+from connectors.blobs import delete_object, read_bytes
+from service.auth import owner_of
+from service.batch_input import check_upload
+from service.errors import APIError, bad_request, not_found
+from service.pagination import page
+from service.records import FileRecord, new_id
+
+router = APIRouter(prefix="/v1/files")
+Owner = Annotated[str, Depends(owner_of)]
+PURPOSES = ("batch",)
+CHUNK = 1 << 20
+
+
+def _file(request: Request, file_id: str, owner: str) -> FileRecord:
+    record = request.app.state.store.get(FileRecord, file_id, owner)
+    if record is None:
+        raise not_found("file", file_id)
+    return record
+
+
+async def _read_limited(upload: UploadFile, limit: int) -> bytes:
+    chunks, size = [], 0
+    while chunk := await upload.read(CHUNK):
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"File is too large: the limit is {limit} bytes.", param="file",
+                           code="file_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@router.post("")
+async def create_file(request: Request, owner: Owner, file: Annotated[UploadFile, File()],
+                      purpose: Annotated[str, Form()]) -> dict[str, Any]:
+    if purpose not in PURPOSES:
+        raise bad_request(f"purpose {purpose!r} is not supported here; use 'batch'", "purpose", "invalid_value")
+    settings = request.app.state.settings
+    data = await _read_limited(file, settings.max_upload_bytes)
+    check_upload(data)
+    store = request.app.state.store
+    file_id = new_id("file-")
+    url = store.content_url(file_id)
+    write_bytes(url, data, settings.storage_options)
+    record = FileRecord(id=file_id, owner=owner, filename=file.filename or "upload.jsonl", purpose=purpose,
+                        bytes=len(data), content_url=url)
+    store.put(record)
+    return record.public()
+
+
+@router.get("")
+def list_files(request: Request, owner: Owner, after: str | None = None,
+               limit: Annotated[int, Query(ge=1, le=10000)] = 10000, purpose: str | None = None,
+               order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc") -> dict[str, Any]:
+    records = [r for r in request.app.state.store.all(FileRecord, owner) if purpose in (None, r.purpose)]
+    return page([r.public() for r in records], after, limit, order)
+
+
+@router.get("/{file_id}")
+def retrieve_file(request: Request, owner: Owner, file_id: str) -> dict[str, Any]:
+    return _file(request, file_id, owner).public()
+
+
+@router.get("/{file_id}/content")
+def file_content(request: Request, owner: Owner, file_id: str) -> Response:
+    record = _file(request, file_id, owner)
+    data = read_bytes(record.content_url, request.app.state.settings.storage_options)
+    return Response(data, media_type="application/jsonl")
+
+
+@router.delete("/{file_id}")
+def delete_file(request: Request, owner: Owner, file_id: str) -> dict[str, Any]:
+    record = _file(request, file_id, owner)
+    store = request.app.state.store
+    delete_object(record.content_url, request.app.state.settings.storage_options)
+    store.delete(record)
+    return {"id": file_id, "object": "file", "deleted": True}

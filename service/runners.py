@@ -1,0 +1,129 @@
+"""Where the server's jobs run: the Celery fleet (a broker was given) or a thread of the server.
+
+Both answer ``submit(plan)``, ``status(job_id)`` (the dict of ``tokenmill status``) and
+``cancel(job_id)``. The fleet keeps job state in Redis, so it survives a server restart;
+the embedded runner keeps it in memory, and a job it was running when the server stopped
+is reported failed (``KeyError`` from ``status``).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pipeline.plan import JobPlan
+
+log = logging.getLogger(__name__)
+
+
+class Runner(Protocol):
+    def submit(self, plan: JobPlan) -> str: ...
+
+    def status(self, job_id: str) -> dict[str, Any]: ...
+
+    def cancel(self, job_id: str) -> None: ...
+
+
+class FleetRunner:
+    def __init__(self, broker_url: str, queue_name: str | None, redis_key_prefix: str | None) -> None:
+        self.broker_url, self.queue, self.prefix = broker_url, queue_name, redis_key_prefix
+
+    def submit(self, plan: JobPlan) -> str:
+        from pipeline.fleet import submit_job
+
+        return submit_job(plan, self.broker_url, queue=self.queue, redis_key_prefix=self.prefix)
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        from pipeline.fleet import job_status
+
+        return job_status(job_id)
+
+    def cancel(self, job_id: str) -> None:
+        from pipeline.fleet import cancel_job
+
+        cancel_job(job_id)
+
+
+@dataclass
+class _EmbeddedJob:
+    plan: JobPlan
+    meta: dict[str, Any]
+    shards: dict[int, dict[str, Any]] = field(default_factory=dict)
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+class EmbeddedRunner:
+    """Jobs one after another on a thread of this process, through ``run_embedded``."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, _EmbeddedJob] = {}
+        self._queue: queue.Queue[str] = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._serve, name="tokenmill-embedded-runner", daemon=True)
+        self._thread.start()
+
+    def submit(self, plan: JobPlan) -> str:
+        from connectors import list_shards
+
+        shards = list_shards(plan.input_url, format=plan.input_format, storage_options=plan.storage_options,
+                             split_row_groups=plan.split_row_groups)
+        job = _EmbeddedJob(plan, {"name": plan.name, "kind": plan.kind, "status": "queued",
+                                  "submitted_at": time.time(), "output_url": plan.output_url})
+        job.shards = {s.index: {"state": "queued", "url": s.url} for s in shards}
+        with self._lock:
+            self._jobs[plan.job_id] = job
+        self._queue.put(plan.job_id)
+        return plan.job_id
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        from pipeline.fleet import live_status
+
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                raise KeyError(f"unknown job {job_id!r} (the embedded runner keeps no state across restarts)")
+            return live_status(job_id, dict(job.meta), {i: dict(s) for i, s in job.shards.items()})
+
+    def cancel(self, job_id: str) -> None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                raise KeyError(f"unknown job {job_id!r}")
+            job.cancel.set()
+            job.meta["cancel_requested_at"] = time.time()
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs[self._queue.get()]
+            try:
+                self._run(job)
+            except Exception as exc:  # the runner thread must survive any job
+                log.exception("embedded job %s failed", job.plan.job_id)
+                with self._lock:
+                    job.meta.update(status="failed", error=f"{type(exc).__name__}: {exc}", finished_at=time.time())
+
+    def _run(self, job: _EmbeddedJob) -> None:
+        from pipeline import metrics
+        from pipeline.job_runner import run_embedded
+
+        def on_progress(p: Any) -> None:
+            state = {"state": p.state, "url": p.url, "rows_done": p.rows_done, "errors": p.errors,
+                     "output_tokens": p.output_tokens, "reason": p.reason, "started_at": p.started_at,
+                     "updated_at": time.time(), "worker": "embedded",
+                     **{k: v for k, v in metrics.snapshot().items() if k in ("kv_usage", "prefix_hit_rate")}}
+            with self._lock:
+                job.shards[p.index] = state
+
+        if job.cancel.is_set():
+            with self._lock:
+                job.meta.update(status="cancelled", finished_at=time.time())
+                for s in job.shards.values():
+                    s.update(state="cancelled", reason="job cancelled")
+            return
+        manifest = run_embedded(job.plan, progress=False, should_stop=job.cancel.is_set, on_progress=on_progress)
+        with self._lock:
+            job.meta.update(status=manifest["status"], finished_at=time.time())

@@ -1,0 +1,64 @@
+"""What ``tokenmill serve`` was started with."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MAX_UPLOAD_BYTES = 200 * 1024 * 1024  # OpenAI's limit for a batch input file
+
+
+class SettingsError(ValueError):
+    """A bad option for ``tokenmill serve`` (the CLI prints it and exits 2)."""
+
+
+def key_id(api_key: str) -> str:
+    """The owner id stored with a key's objects: a hash, so metadata never holds the key."""
+    return hashlib.sha256(api_key.encode("utf-8")).hexdigest()[:16]
+
+
+def load_api_keys(env_value: str | None, keys_file: Path | None) -> list[str]:
+    """Keys from $TOKENMILL_API_KEYS (comma-separated) and a file (one per line, '#' comments)."""
+    keys = [k.strip() for k in (env_value or "").split(",") if k.strip()]
+    if keys_file is not None:
+        try:
+            lines = keys_file.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise SettingsError(f"--api-keys-file {keys_file}: {exc.strerror or exc}") from None
+        keys += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not keys:
+        raise SettingsError("no API keys: set TOKENMILL_API_KEYS (comma-separated) or give --api-keys-file")
+    return keys
+
+
+@dataclass
+class ServiceSettings:
+    storage_url: str  # files, results and the service's metadata live here (fsspec URL)
+    api_keys: list[str]
+    broker_url: str | None = None  # None: jobs run in the server process (embedded runner)
+    queue: str | None = None
+    redis_key_prefix: str | None = None
+    model: str = "smollm2-135m-instruct"  # registered name or local directory
+    served_model_name: str | None = None  # the name requests give in body.model
+    engine_options: dict[str, Any] = field(default_factory=dict)  # more [model] fields of the batch jobs
+    default_max_tokens: int = 256
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    poll_s: float = 0.5  # how often the batch advancer looks at running batches
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or Path(self.model).name
+
+    @property
+    def owners(self) -> dict[str, str]:
+        return {key: key_id(key) for key in self.api_keys}
+
+    def model_section(self) -> dict[str, Any]:
+        """The ``[model]`` table of the job specs the server builds for batches."""
+        is_path = os.sep in self.model or Path(self.model).is_dir()
+        section: dict[str, Any] = {"path": self.model} if is_path else {"name": self.model}
+        return {**section, **self.engine_options}

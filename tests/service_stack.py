@@ -1,0 +1,149 @@
+"""A real ``tokenmill serve`` and ``tokenmill worker`` on the local Redis, for the service tests.
+
+Both are subprocesses started the way a user starts them; the fleet gets its own queue and
+Redis key prefix (see test_celery_fleet.py) and the tiny random-weight model, preloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx2 as httpx  # the HTTP client the openai package ships with
+import redis
+from pipeline_support import tiny_engine
+
+REPO = Path(__file__).resolve().parent.parent
+REDIS_BROKER = "redis://127.0.0.1:6379/0"
+RESULT_BACKEND = "redis://127.0.0.1:6379/1"
+MODEL_NAME = "tiny-test"
+START_TIMEOUT = 180
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+@dataclass
+class Proc:
+    proc: subprocess.Popen
+    log: Path
+
+    def check(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.log.name} exited with {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=15)
+
+
+@dataclass
+class Stack:
+    url: str  # the server
+    metrics_url: str  # the worker's /metrics
+    keys: tuple[str, str]
+    storage: Path
+    worker: Proc
+    server: Proc
+    prefix: str
+    model_label: str  # the model label of the worker's metrics
+
+    def http(self, key: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+
+def _start(args: list[str], env: dict[str, str], log: Path) -> Proc:
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.cli", *args], cwd=REPO, env=env, stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    return Proc(proc, log)
+
+
+def start_stack(tmp: Path, model_dir: Path) -> Iterator[Stack]:
+    run = uuid.uuid4().hex[:10]
+    queue, prefix = f"tm-service-{run}", f"tm-service-{run}:"
+    keys = (f"key-a-{run}", f"key-b-{run}")
+    engine = tiny_engine(model_dir)
+    env = {
+        **os.environ, "PYTHONPATH": str(REPO), "TOKENMILL_BROKER_URL": REDIS_BROKER,
+        "TOKENMILL_RESULT_BACKEND": RESULT_BACKEND, "TOKENMILL_QUEUE": queue, "TOKENMILL_REDIS_KEY_PREFIX": prefix,
+        "TOKENMILL_PRELOAD_ENGINE": json.dumps(engine), "TOKENMILL_API_KEYS": ",".join(keys),
+    }
+    port, metrics_port = free_port(), free_port()
+    storage = tmp / "storage"
+    worker = _start(["worker", "--queues", queue, "--pool", "threads", "--metrics-port", str(metrics_port),
+                     "--metrics-host", "127.0.0.1"], env, tmp / "worker.log")
+    server = _start(["serve", "--broker", REDIS_BROKER, "--storage", str(storage), "--port", str(port),
+                     "--model", str(model_dir), "--served-model-name", MODEL_NAME,
+                     "--engine-options", json.dumps({k: v for k, v in engine.items() if k != "model"}),
+                     "--max-tokens", "8", "--max-upload-mb", "1"], env, tmp / "server.log")
+    stack = Stack(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", keys, storage,
+                  worker, server, prefix, model_dir.name)
+    try:
+        def ready() -> bool:
+            worker.check()
+            server.check()
+            if " ready." not in worker.log.read_text():
+                return False
+            try:
+                return httpx.get(stack.url + "/healthz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(ready, START_TIMEOUT, "worker and server")
+        yield stack
+    finally:
+        server.stop()
+        worker.stop()
+        r = redis.Redis.from_url(REDIS_BROKER)
+        for key in r.scan_iter(f"{prefix}*"):
+            r.delete(key)
+
+
+def chat_line(custom_id: str, text: str, max_tokens: int = 8, model: str = MODEL_NAME) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+                     "temperature": 0}}
+
+
+def jsonl(lines: list[dict]) -> bytes:
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Prometheus text format as {'name{labels}': value} (comment lines skipped)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}"] = sample.value
+    return out
