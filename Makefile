@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup model test demo lint bench clean
+.PHONY: setup model browser test demo lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -16,14 +16,21 @@ setup: $(STAMP)
 model: setup
 	$(PY) -m engine.model_registry smollm2-135m-instruct
 
-test: model
+# The dashboard test drives Debian's chromium through Playwright (never `playwright install`).
+# If it cannot be installed here, that test fails and says so.
+browser:
+	@command -v chromium >/dev/null || { APT="$$( [ "$$(id -u)" = 0 ] || echo sudo -n ) env DEBIAN_FRONTEND=noninteractive apt-get"; \
+	  $$APT install -y chromium || { $$APT update && $$APT install -y chromium; }; } \
+	  || echo "WARNING: could not install chromium; tests/test_service_dashboard.py will fail" >&2
+
+test: model browser
 	$(PY) -m pytest -q -ra tests
 
 demo: model
 	$(VENV)/bin/tokenmill run examples/demo/summarize.toml
 
 lint: setup
-	$(VENV)/bin/ruff check engine connectors pipeline jobs tests bench
+	$(VENV)/bin/ruff check engine connectors pipeline jobs service tests bench
 
 bench: model
 	$(PY) bench/bench_engine.py

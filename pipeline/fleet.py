@@ -152,6 +152,7 @@ def live_status(job_id: str, meta: dict[str, Any], shards: dict[int, dict[str, A
         {
             "index": i, "url": s.get("url"), "state": s.get("state", "queued"), "rows_done": s.get("rows_done", 0),
             "errors": s.get("errors", 0), "output_tokens": s.get("output_tokens", 0), "reason": s.get("reason"),
+            "prompt_tokens": s.get("prompt_tokens", 0), "cached_prompt_tokens": s.get("cached_prompt_tokens", 0),
             "worker": s.get("worker"), "kv_usage": s.get("kv_usage"), "prefix_hit_rate": s.get("prefix_hit_rate"),
             # a "running" shard whose worker died keeps its state until the broker redelivers it
             # (Redis: after the visibility timeout); a large value here is the hint
@@ -186,6 +187,8 @@ def live_status(job_id: str, meta: dict[str, Any], shards: dict[int, dict[str, A
             "rows_done": sum(r["rows_done"] for r in rows),
             "errors": sum(r["errors"] for r in rows),
             "output_tokens": output_tokens,
+            "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
+            "cached_prompt_tokens": sum(r["cached_prompt_tokens"] for r in rows),
             "tokens_per_s": round(output_tokens / elapsed, 2) if elapsed > 0 else 0.0,
             "elapsed_s": round(elapsed, 2),
         },

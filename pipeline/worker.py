@@ -39,10 +39,10 @@ def worker_argv(
         f"--loglevel={loglevel}",
         f"--queues={','.join(queues)}",
         f"--hostname={hostname or f'tokenmill-{uuid.uuid4().hex[:8]}@{socket.gethostname()}'}",
-        # gossip/mingle/event heartbeats are for monitoring tools; they only add broker traffic here.
+        # gossip and mingle (worker-to-worker sync) only add broker traffic here. Heartbeat events
+        # stay on with the task events (pipeline.celery_app), so Flower and `celery events` list workers.
         "--without-gossip",
         "--without-mingle",
-        "--without-heartbeat",
     ]
 
 

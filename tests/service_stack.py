@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx2 as httpx  # the HTTP client the openai package ships with
+import pytest
 import redis
 from pipeline_support import tiny_engine
 
@@ -73,6 +74,7 @@ class Stack:
     worker: Proc
     server: Proc
     prefix: str
+    queue: str
     model_label: str  # the model label of the worker's metrics
 
     def http(self, key: str | None = None) -> httpx.Client:
@@ -105,7 +107,7 @@ def start_stack(tmp: Path, model_dir: Path) -> Iterator[Stack]:
                      "--engine-options", json.dumps({k: v for k, v in engine.items() if k != "model"}),
                      "--max-tokens", "8", "--max-upload-mb", "1"], env, tmp / "server.log")
     stack = Stack(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", keys, storage,
-                  worker, server, prefix, model_dir.name)
+                  worker, server, prefix, queue, model_dir.name)
     try:
         def ready() -> bool:
             worker.check()
@@ -125,6 +127,16 @@ def start_stack(tmp: Path, model_dir: Path) -> Iterator[Stack]:
         r = redis.Redis.from_url(REDIS_BROKER)
         for key in r.scan_iter(f"{prefix}*"):
             r.delete(key)
+
+
+@pytest.fixture(scope="session")
+def service_stack(tmp_path_factory, tiny_model_dir) -> Iterator[Stack]:
+    """One server and one worker for every service test of the session (started on first use)."""
+    with socket.socket() as s:
+        if s.connect_ex(("127.0.0.1", 6379)) != 0:
+            pytest.fail("Redis is not reachable on 127.0.0.1:6379") if os.environ.get("CI") else pytest.skip(
+                "Redis is not reachable on 127.0.0.1:6379")
+    yield from start_stack(tmp_path_factory.mktemp("service"), tiny_model_dir)
 
 
 def chat_line(custom_id: str, text: str, max_tokens: int = 8, model: str = MODEL_NAME) -> dict:

@@ -1,29 +1,28 @@
 """``tokenmill serve`` end to end with the official ``openai`` client, a real worker on the local
-Redis and the worker's Prometheus endpoint; one server and one worker for the whole module."""
+Redis and the worker's Prometheus endpoint; one server and one worker for the session."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import Counter
 
 import openai
 import pytest
-from service_stack import MODEL_NAME, chat_line, jsonl, scrape, start_stack, wait_for
+from service_stack import MODEL_NAME, REDIS_BROKER, RESULT_BACKEND, chat_line, jsonl, scrape, wait_for
 
 from connectors import read_manifest
+from pipeline.celery_app import make_app
 
 pytestmark = pytest.mark.services
 JOB_TIMEOUT = 240
 LONG_TEXT = "word " * 1500  # longer than the tiny model's 1,024-token context: an error row
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, tiny_model_dir):
-    from test_celery_fleet import _require
-
-    _require(6379, "Redis")
-    yield from start_stack(tmp_path_factory.mktemp("service"), tiny_model_dir)
+@pytest.fixture
+def stack(service_stack):
+    return service_stack
 
 
 def client(stack, key: str) -> openai.OpenAI:
@@ -192,3 +191,36 @@ def test_cancel_mid_batch(stack):
         finished = wait_batch(c, c.batches.create(input_file_id=done.id, endpoint="/v1/chat/completions",
                                                   completion_window="24h").id, ("completed",), stack)
         c.batches.cancel(finished.id)
+
+
+def test_celery_task_events_show_the_shard_tasks(stack):
+    """What Flower and `celery events` see: the worker's heartbeats and a shard task's life."""
+    app = make_app(REDIS_BROKER, RESULT_BACKEND, stack.queue, stack.prefix)
+    events: list[dict] = []
+    with app.connection_for_read() as conn:
+        receiver = app.events.Receiver(conn, handlers={"*": events.append})
+        thread = threading.Thread(target=receiver.capture, kwargs={"limit": None, "timeout": None, "wakeup": False},
+                                  daemon=True)
+        thread.start()
+        try:
+            wait_for(lambda: any(e["type"] == "worker-heartbeat" for e in events), 30, "a worker heartbeat")
+            c = client(stack, stack.keys[0])
+            upload = c.files.create(file=("ev.jsonl", jsonl([chat_line("ev", "hello")])), purpose="batch")
+            batch = c.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                     completion_window="24h")
+            assert wait_batch(c, batch.id, ("completed", "failed"), stack).status == "completed"
+
+            def shard_task() -> set[str] | None:
+                names = {e["uuid"]: e["name"] for e in events if e["type"] in ("task-sent", "task-received")}
+                ids = [u for u, n in names.items() if n == "tokenmill.process_shard"]
+                for uuid in ids:
+                    seen = {e["type"] for e in events if e.get("uuid") == uuid}
+                    if {"task-received", "task-started", "task-succeeded"} <= seen:
+                        return seen
+                return None
+
+            seen = wait_for(shard_task, 30, "the shard task's events")
+            assert "task-sent" in seen  # sent by the server when it submitted the batch's job
+        finally:
+            receiver.should_stop = True
+            thread.join(timeout=10)

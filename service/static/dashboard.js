@@ -1,7 +1,7 @@
 // tokenmill dashboard: polls the JSON routes every second, no libraries, no build step.
 "use strict";
 const FINAL = new Set(["succeeded", "completed_with_errors", "cancelled", "failed"]);
-const POLL_MS = 1000, SERIES_MAX = 300;
+const POLL_MS = 1000, SERIES_MAX = 300, WINDOW_S = 3;
 const state = { key: "", selected: null, jobs: new Map(), series: new Map(), last: new Map() };
 
 function keyFromPage() {
@@ -38,22 +38,26 @@ function statusCell(status) { return el("td", status, "status s-" + status); }
 function fill(tbody, rows) { tbody.replaceChildren(...rows); }
 
 function track(job) {
-  // output tokens/s between two polls; a chart point per poll while the job runs
-  const p = job.progress, now = Date.now() / 1000, prev = state.last.get(job.id);
-  state.last.set(job.id, { t: now, tokens: p.output_tokens });
-  if (!prev || FINAL.has(job.status) && prev.final) return;
-  const dt = now - prev.t, rate = dt > 0 ? Math.max(0, (p.output_tokens - prev.tokens) / dt) : 0;
+  // output tokens/s over the last WINDOW_S seconds of polls (workers report about once a second)
+  const now = Date.now() / 1000, tokens = job.progress.output_tokens;
+  const polls = state.last.get(job.id) || [];
+  polls.push({ t: now, tokens });
+  while (polls.length > 2 && now - polls[1].t >= WINDOW_S) polls.shift();
+  state.last.set(job.id, polls);
+  if (polls.length < 2) return;
+  const first = polls[0], rate = Math.max(0, (tokens - first.tokens) / Math.max(1e-3, now - first.t));
   const series = state.series.get(job.id) || [];
   series.push({ t: now, v: rate });
   if (series.length > SERIES_MAX) series.shift();
   state.series.set(job.id, series);
-  if (FINAL.has(job.status)) state.last.get(job.id).final = true;
 }
 
 function liveGauges(job) {
-  const running = job.shards.filter(s => s.kv_usage !== null && s.kv_usage !== undefined);
-  const latest = running.sort((a, b) => (a.updated_s_ago ?? 1e9) - (b.updated_s_ago ?? 1e9))[0];
-  return latest ? { kv: latest.kv_usage, hits: latest.prefix_hit_rate } : { kv: null, hits: null };
+  // KV use: the latest reading a worker reported for this job; prefix hits: the job's cached prompt share
+  const read = job.shards.filter(s => s.kv_usage !== null && s.kv_usage !== undefined);
+  const latest = read.sort((a, b) => (a.updated_s_ago ?? 1e9) - (b.updated_s_ago ?? 1e9))[0];
+  const p = job.progress || {};
+  return { kv: latest ? latest.kv_usage : null, hits: p.prompt_tokens ? p.cached_prompt_tokens / p.prompt_tokens : null };
 }
 
 function drawChart(series) {
@@ -79,7 +83,8 @@ function drawChart(series) {
 }
 
 function renderJobs() {
-  const rows = [...state.jobs.values()].map(job => {
+  const jobs = [...state.jobs.values()].sort((a, b) => (b.created_at || 0) - (a.created_at || 0));
+  const rows = jobs.map(job => {
     const p = job.progress || {}, g = job.shards ? liveGauges(job) : { kv: null, hits: null };
     const done = (p.shards_done || 0) + (p.shards_skipped || 0);
     const tr = row([el("td", job.id), el("td", job.kind), statusCell(job.status),
@@ -102,7 +107,8 @@ function renderDetail() {
   badge.textContent = job.status; badge.className = "badge s-" + job.status;
   const g = liveGauges(job), p = job.progress;
   const gauges = [["rows done", p.rows_done], ["row errors", p.errors], ["output tokens", p.output_tokens],
-    ["mean output tok/s", p.tokens_per_s], ["KV in use", pct(g.kv)], ["prefix-cache hit rate", pct(g.hits)],
+    ["mean output tok/s", p.tokens_per_s], ["KV in use (latest)", pct(g.kv)],
+    ["prompt tokens from the prefix cache", pct(g.hits)],
     ["elapsed", p.elapsed_s + " s"]];
   fill(document.getElementById("gauges"), gauges.flatMap(([k, v]) => [el("dt", k), el("dd", v)]));
   fill(document.querySelector("#shards tbody"), job.shards.map(s => row(
