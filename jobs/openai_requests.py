@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 REQUESTS_DIR = "_requests"
 CHAT_URLS = ("/v1/chat/completions", "/chat/completions")
+COMPLETION_URLS = ("/v1/completions", "/completions")  # a raw prompt, no chat template
 MAX_REPORTED_ERRORS = 10
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "stop")
@@ -44,6 +45,12 @@ class Conversion:
     requests: int
     sampling: dict[str, Any]  # settings shared by every request
     warnings: list[str] = field(default_factory=list)
+    completions: bool = False  # the file's requests are /v1/completions (raw prompts)
+
+
+def _is_completion(line: str) -> bool:
+    """Whether an already validated request line posts to /v1/completions."""
+    return json.loads(line).get("url") in COMPLETION_URLS
 
 
 def _content_text(content: Any, where: str) -> str:
@@ -106,11 +113,19 @@ def parse_request(line: str) -> tuple[str, dict[str, Any], dict[str, Any], set[s
         raise ValueError("custom_id must be a non-empty string")
     if str(request.get("method", "")).upper() != "POST":
         raise ValueError(f"method must be POST, got {request.get('method')!r}")
-    if request.get("url") not in CHAT_URLS:
-        raise ValueError(f"url must be /v1/chat/completions, got {request.get('url')!r}")
+    if request.get("url") not in CHAT_URLS + COMPLETION_URLS:
+        raise ValueError(f"url must be /v1/chat/completions or /v1/completions, got {request.get('url')!r}")
     body = request.get("body")
     if not isinstance(body, dict):
         raise ValueError("body must be a JSON object")
+    if request["url"] in COMPLETION_URLS:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError("body.prompt must be a non-empty string (one prompt per request)")
+        row = {"custom_id": custom_id, "text": prompt, "messages": [{"role": "user", "content": prompt}]}
+        return custom_id, row, _sampling(body), set(body) - {"prompt", *_SAMPLING_KEYS, *_IGNORED}
     messages = _messages(body)
     user_turns = [m["content"] for m in messages if m["role"] == "user"]
     row = {"custom_id": custom_id, "text": user_turns[-1] if user_turns else "", "messages": messages}
@@ -182,6 +197,7 @@ def convert_requests(
     seen: list[dict[str, Any]] = []
     ignored: set[str] = set()
     converted: list[tuple[str, str]] = []
+    kinds: dict[bool, str] = {}  # completions? -> where first seen: one endpoint per file
     for shard in shards:
         rows = []
         for n, line in enumerate(_read_lines(shard.url, shard.compression, storage_options), 1):
@@ -192,6 +208,11 @@ def convert_requests(
                 custom_id, row, sampling, extra = parse_request(line)
                 if custom_id in ids:
                     raise ValueError(f"custom_id {custom_id!r} repeats {ids[custom_id]}")
+                completion = _is_completion(line)
+                if kinds and completion not in kinds:
+                    raise ValueError(f"url {json.loads(line)['url']!r}: one endpoint per batch "
+                                     f"({next(iter(kinds.values()))} uses the other)")
+                kinds.setdefault(completion, where)
             except ValueError as exc:
                 errors.append(f"{where}: {exc}")
                 continue
@@ -215,4 +236,5 @@ def convert_requests(
         warnings.append(f"request body fields ignored: {', '.join(sorted(ignored))}")
     for warning in warnings:
         log.warning("%s", warning)
-    return Conversion(url=target, requests=len(seen), sampling=shared, warnings=warnings)
+    return Conversion(url=target, requests=len(seen), sampling=shared, warnings=warnings,
+                      completions=True in kinds)

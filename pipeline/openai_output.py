@@ -25,8 +25,9 @@ def _stable_id(*parts: str) -> str:
     return hashlib.sha1("\x1f".join(parts).encode("utf-8")).hexdigest()[:24]
 
 
-def openai_line(row: dict[str, Any], job_id: str, model: str) -> dict[str, Any]:
-    """The batch-API output object for one result row (error rows carry ``error``)."""
+def openai_line(row: dict[str, Any], job_id: str, model: str, completion: bool = False) -> dict[str, Any]:
+    """The batch-API output object for one result row (error rows carry ``error``); the body is a
+    ``chat.completion``, or a ``text_completion`` for /v1/completions requests."""
     rid = _stable_id(job_id, row["id"])
     if row.get("error"):
         return {
@@ -35,20 +36,20 @@ def openai_line(row: dict[str, Any], job_id: str, model: str) -> dict[str, Any]:
             "response": None,
             "error": {"code": "invalid_request", "message": row["error"]},
         }
-    prompt, completion = row.get("prompt_tokens") or 0, row.get("output_tokens") or 0
+    prompt, generated = row.get("prompt_tokens") or 0, row.get("output_tokens") or 0
+    finish = row.get("finish_reason") or "stop"
+    if completion:
+        choice = {"index": 0, "text": row.get("output") or "", "logprobs": None, "finish_reason": finish}
+    else:
+        choice = {"index": 0, "message": {"role": "assistant", "content": row.get("output") or ""},
+                  "finish_reason": finish}
     body = {
-        "id": f"chatcmpl-{rid}",
-        "object": "chat.completion",
+        "id": f"{'cmpl' if completion else 'chatcmpl'}-{rid}",
+        "object": "text_completion" if completion else "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": row.get("output") or ""},
-                "finish_reason": row.get("finish_reason") or "stop",
-            }
-        ],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        "choices": [choice],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated},
     }
     return {
         "id": f"batch_req_{rid}",

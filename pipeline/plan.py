@@ -30,6 +30,7 @@ class PromptPlan:
     few_shot: list[dict[str, str]] = field(default_factory=list)  # [{"role": ..., "content": ...}]
     prompt_field: str | None = None  # "generate" kind: the row's column is the whole user turn
     messages_field: str | None = None  # OpenAI batch input: the row carries its own messages
+    raw_prompt: bool = False  # OpenAI /v1/completions: the last turn's text is the whole prompt, no template
 
 
 @dataclass
@@ -76,6 +77,8 @@ class JobPlan:
         shapes its rows, so a re-run with another prompt, model or sampling recomputes."""
         data = self.to_dict()
         shaping = {k: data[k] for k in _OUTPUT_FIELDS}
+        if not self.prompt.raw_prompt:  # added later: absent when off, so earlier parts stay current
+            shaping["prompt"] = {k: v for k, v in shaping["prompt"].items() if k != "raw_prompt"}
         shaping["engine"] = {k: self.engine.get(k) for k in _OUTPUT_ENGINE_FIELDS}
         digest = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()[:16]
         return f"{input_fingerprint}|plan={digest}"

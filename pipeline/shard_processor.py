@@ -391,8 +391,15 @@ class ShardProcessor:
         self._in_flight[rid] = _InFlight(shard, record, seq, time.perf_counter())
         shard.in_flight.add(rid)
 
+    def _encode(self, messages: list[dict[str, str]]) -> list[int]:
+        """The chat template's tokens, or for a raw prompt (/v1/completions) the text's own tokens
+        (with the tokenizer's special tokens, e.g. BOS, as a completions endpoint adds them)."""
+        if self.plan.prompt.raw_prompt and self.engine.tokenizer is not None:
+            return list(self.engine.tokenizer.encode(messages[-1]["content"]))
+        return self.engine.apply_chat_template(messages)
+
     def _tokenize(self, record: Record, messages: list[dict[str, str]]) -> list[int]:
-        ids = self.engine.apply_chat_template(messages)
+        ids = self._encode(messages)
         if not self.plan.truncate_prompt or len(ids) < self._prompt_budget():
             return ids
         return self._truncated(record, messages, ids)
@@ -423,7 +430,7 @@ class ShardProcessor:
                 messages = render_messages(plan.prompt, fields, record.row_number)
             else:
                 messages = messages[:-1] + [{"role": messages[-1]["role"], "content": text}]
-            ids = self.engine.apply_chat_template(messages)
+            ids = self._encode(messages)
             if len(ids) < budget:
                 return ids
         raise TemplateError(f"row {record.row_number}: could not truncate the prompt under {budget} tokens")
@@ -513,7 +520,8 @@ class ShardProcessor:
         if self.hook is not None:
             line = self._apply_hook(row, record)
         if self.plan.openai_output:
-            shard.openai_lines[seq] = line or openai_line(row, self.plan.job_id, str(self.plan.engine.get("model", "")))
+            shard.openai_lines[seq] = line or openai_line(
+                row, self.plan.job_id, str(self.plan.engine.get("model", "")), completion=self.plan.prompt.raw_prompt)
         shard.rows[seq] = row
         p = shard.progress
         p.rows_done += 1

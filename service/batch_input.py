@@ -12,7 +12,7 @@ import json
 from jobs.openai_requests import parse_request
 from service.errors import APIError, bad_request
 
-SUPPORTED_ENDPOINTS = ("/v1/chat/completions",)
+SUPPORTED_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 KNOWN_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/moderations")
 MAX_SHOWN = 5
 
@@ -54,7 +54,7 @@ def check_upload(data: bytes) -> int:
             continue
         if isinstance(request, dict) and request.get("url") not in SUPPORTED_ENDPOINTS and \
                 request.get("url") in KNOWN_ENDPOINTS:
-            errors.append((n, f"endpoint {request['url']} is not served here; use /v1/chat/completions", "url"))
+            errors.append((n, f"endpoint {request['url']} is not served here; use /v1/chat/completions or /v1/completions", "url"))
             continue
         try:
             custom_id, *_ = parse_request(line)

@@ -39,7 +39,7 @@ def create_batch(request: Request, owner: Owner, body: CreateBatch) -> dict[str,
         raise bad_request(f"unknown endpoint {body.endpoint!r}; this server serves "
                           f"{', '.join(SUPPORTED_ENDPOINTS)}", "endpoint", "invalid_value")
     if body.endpoint not in SUPPORTED_ENDPOINTS:
-        raise bad_request(f"endpoint {body.endpoint!r} is not served here; use /v1/chat/completions",
+        raise bad_request(f"endpoint {body.endpoint!r} is not served here; use {' or '.join(SUPPORTED_ENDPOINTS)}",
                           "endpoint", "unsupported_value")
     if body.completion_window != "24h":
         raise bad_request("completion_window must be '24h'", "completion_window", "invalid_value")

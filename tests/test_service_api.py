@@ -224,3 +224,28 @@ def test_celery_task_events_show_the_shard_tasks(stack):
         finally:
             receiver.should_stop = True
             thread.join(timeout=10)
+
+
+def test_completions_batch_uses_the_raw_prompt(stack, tiny_model_dir):
+    """/v1/completions: the prompt is tokenized as is (no chat template); text_completion bodies."""
+    from transformers import AutoTokenizer
+
+    c = client(stack, stack.keys[0])
+    prompts = {f"c-{i}": f"Once upon a time, number {i}," for i in range(3)}
+    lines = [{"custom_id": k, "method": "POST", "url": "/v1/completions",
+              "body": {"model": MODEL_NAME, "prompt": p, "max_tokens": 5}} for k, p in prompts.items()]
+    upload = c.files.create(file=("completions.jsonl", jsonl(lines)), purpose="batch")
+    with pytest.raises(openai.BadRequestError) as exc:  # the lines post to the other endpoint
+        c.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert "line 1: url '/v1/completions' does not match the batch endpoint" in exc.value.message
+    batch = c.batches.create(input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h")
+    done = wait_batch(c, batch.id, ("completed", "failed"), stack)
+    assert done.status == "completed" and done.request_counts.completed == 3
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    out = [json.loads(x) for x in c.files.content(done.output_file_id).text.splitlines()]
+    assert sorted(x["custom_id"] for x in out) == sorted(prompts)
+    for x in out:
+        body = x["response"]["body"]
+        assert body["object"] == "text_completion" and body["choices"][0]["logprobs"] is None
+        assert body["usage"]["prompt_tokens"] == len(tokenizer.encode(prompts[x["custom_id"]]))
+        assert body["usage"]["completion_tokens"] == 5

@@ -43,5 +43,5 @@ def plan_fields(spec: JobSpec) -> dict[str, Any]:
         "text_field": "text",
         "sampling": sampling,
         "prompt": PromptPlan(system=spec.prompt.system or "", messages_field="messages",
-                             few_shot=few_shot_turns(spec)),
+                             few_shot=few_shot_turns(spec), raw_prompt=converted.completions),
     }
