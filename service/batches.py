@@ -131,10 +131,16 @@ class BatchAdvancer:
                          errors=[{"code": "invalid_request", "message": str(exc)}])
             return
         job_id = self.runner.submit(plan)
-        with self.store.lock:
+        with self.store.lock:  # a cancel may have come in while the job was being submitted
             self.store.put(JobRecord(id=job_id, owner=batch.owner, kind=plan.kind, name=plan.name,
                                      status="queued", batch_id=batch.id, output_url=batch.output_url))
-        self._update(batch.id, job_id=job_id, status="in_progress", in_progress_at=now())
+            cancelled = self.store.get(BatchRecord, batch.id).status == "cancelling"
+            if cancelled:
+                self._update(batch.id, job_id=job_id)
+            else:
+                self._update(batch.id, job_id=job_id, status="in_progress", in_progress_at=now())
+        if cancelled:
+            self.runner.cancel(job_id)
 
     def _finalize(self, batch: BatchRecord, *, cancelled: bool) -> None:
         """Split the job's output lines into the output file and the error file."""

@@ -45,7 +45,7 @@ async def create_file(request: Request, owner: Owner, file: Annotated[UploadFile
     if purpose not in PURPOSES:
         raise bad_request(f"purpose {purpose!r} is not supported here; use 'batch'", "purpose", "invalid_value")
     settings = request.app.state.settings
-    data = await _read_limited(file, settings.max_upload_bytes)
+    data = await _read_limited(file, settings.max_upload_bytes)  # the part itself, whatever the headers say
     check_upload(data)
     store = request.app.state.store
     file_id = new_id("file-")
