@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx2 as httpx  # the HTTP client the openai package ships with
@@ -77,6 +77,22 @@ class Stack:
     queue: str
     model_label: str  # the model label of the worker's metrics
 
+    server_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def healthy(self) -> bool:
+        self.server.check()
+        try:
+            return httpx.get(self.url + "/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def restart_server(self) -> None:
+        """Stop the server (SIGTERM) and start it again on the same port and storage."""
+        self.server.stop()
+        self.server = _start(self.server_args, self.env, self.server.log.with_suffix(".restarted.log"))
+        wait_for(self.healthy, START_TIMEOUT, "the restarted server")
+
     def http(self, key: str | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
@@ -102,27 +118,22 @@ def start_stack(tmp: Path, model_dir: Path) -> Iterator[Stack]:
     storage = tmp / "storage"
     worker = _start(["worker", "--queues", queue, "--pool", "threads", "--metrics-port", str(metrics_port),
                      "--metrics-host", "127.0.0.1"], env, tmp / "worker.log")
-    server = _start(["serve", "--broker", REDIS_BROKER, "--storage", str(storage), "--port", str(port),
-                     "--model", str(model_dir), "--served-model-name", MODEL_NAME,
-                     "--engine-options", json.dumps({k: v for k, v in engine.items() if k != "model"}),
-                     "--max-tokens", "8", "--max-upload-mb", "1"], env, tmp / "server.log")
+    server_args = ["serve", "--broker", REDIS_BROKER, "--storage", str(storage), "--port", str(port),
+                   "--model", str(model_dir), "--served-model-name", MODEL_NAME,
+                   "--engine-options", json.dumps({k: v for k, v in engine.items() if k != "model"}),
+                   "--max-tokens", "8", "--max-upload-mb", "1"]
+    server = _start(server_args, env, tmp / "server.log")
     stack = Stack(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", keys, storage,
-                  worker, server, prefix, queue, model_dir.name)
+                  worker, server, prefix, queue, model_dir.name, server_args, env)
     try:
         def ready() -> bool:
             worker.check()
-            server.check()
-            if " ready." not in worker.log.read_text():
-                return False
-            try:
-                return httpx.get(stack.url + "/healthz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
+            return " ready." in worker.log.read_text() and stack.healthy()
 
         wait_for(ready, START_TIMEOUT, "worker and server")
         yield stack
     finally:
-        server.stop()
+        stack.server.stop()
         worker.stop()
         r = redis.Redis.from_url(REDIS_BROKER)
         for key in r.scan_iter(f"{prefix}*"):

@@ -249,3 +249,30 @@ def test_completions_batch_uses_the_raw_prompt(stack, tiny_model_dir):
         assert body["object"] == "text_completion" and body["choices"][0]["logprobs"] is None
         assert body["usage"]["prompt_tokens"] == len(tokenizer.encode(prompts[x["custom_id"]]))
         assert body["usage"]["completion_tokens"] == 5
+
+
+def test_a_batch_running_across_a_server_restart_completes_and_lists_page_by_page(stack):
+    """Batch and file records live in the storage and job state in Redis: a new server process
+    picks the running batch up. Lists page with ``after``/``limit`` (the client follows them)."""
+    c = client(stack, stack.keys[1])
+    ids = [f"r-{i}" for i in range(16)]
+    upload = c.files.create(file=("restart.jsonl", jsonl([chat_line(i, f"Count to {i}.", max_tokens=48)
+                                                          for i in ids])), purpose="batch")
+    batch = c.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    wait_batch(c, batch.id, ("in_progress", "finalizing", "completed"), stack)
+    stack.restart_server()
+    done = wait_batch(c, batch.id, ("completed", "failed", "cancelled"), stack)
+    assert done.status == "completed" and done.request_counts.completed == 16
+    out = [json.loads(x)["custom_id"] for x in c.files.content(done.output_file_id).text.splitlines()]
+    assert sorted(out) == sorted(ids)
+
+    for name in ("a", "b", "c"):
+        c.files.create(file=(f"{name}.jsonl", jsonl([chat_line(name, "x")])), purpose="batch")
+    every = c.files.list(limit=100)
+    # key B's files (only this test uses key B): its input, the batch's output file and these three
+    assert every.has_more is False and len(every.data) == 5
+    first = c.files.list(limit=2)
+    assert first.has_more is True and [f.id for f in first.data] == [f.id for f in every.data[:2]]
+    paged = [f.id for f in c.files.list(limit=2)]  # auto-pagination: after=<last id> page by page
+    assert paged == [f.id for f in every.data]
+    assert [b.id for b in c.batches.list(limit=1)] == [b.id for b in c.batches.list(limit=100).data]
