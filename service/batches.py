@@ -119,9 +119,10 @@ class BatchAdvancer:
             return
         if batch.status == "in_progress":
             batch = self._update(batch_id, status="finalizing", finalizing_at=now())
-        self._finalize(batch, cancelled=job["status"] == "cancelled")
+        # the job's record is final before the batch is: readers that see the batch done see both
         self._refresh_job(self.store.get(JobRecord, batch.job_id) or JobRecord(
             id=batch.job_id, owner=batch.owner, kind="openai_batch", name="openai-batch", batch_id=batch.id))
+        self._finalize(batch, cancelled=job["status"] == "cancelled")
 
     def _submit(self, batch: BatchRecord) -> None:
         try:

@@ -105,6 +105,7 @@ def test_batch_end_to_end_output_and_error_files_and_worker_metrics(stack):
 
     server = scrape(stack.url + "/metrics")
     assert server['tokenmill_server_batches{status="completed"}'] >= 1
+    assert server['tokenmill_server_jobs{status="succeeded"}'] >= 1  # row errors do not fail a job
     listed = c.batches.list(limit=100)
     assert batch.id in [b.id for b in listed.data]
 
