@@ -41,7 +41,7 @@ SHARD_SECONDS = Histogram(
     "tokenmill_shard_duration_seconds", "Wall time of one shard, by outcome", (*LABELS, "outcome"),
     buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400),
 )
-SHARDS = Counter("tokenmill_shards", "Shards finished, by outcome (done, skipped, failed, cancelled)",
+SHARDS = Counter("tokenmill_shards", "Shard runs finished, by outcome (done, skipped, failed, cancelled, retrying)",
                  (*LABELS, "outcome"))
 
 _lock = threading.Lock()
@@ -122,8 +122,9 @@ class ShardMeter:
         for attr, name, counter in self._FIELDS:
             self._add(name, counter, getattr(p, attr, 0))
 
-    def finish(self, result: dict[str, Any]) -> None:
-        outcome = result.get("status", "failed")
+    def finish(self, result: dict[str, Any], retrying: bool = False) -> None:
+        """``retrying``: a transient failure the task runs again (outcome ``retrying``, not ``failed``)."""
+        outcome = "retrying" if retrying else result.get("status", "failed")
         if outcome != "skipped":
             for _, name, counter in self._FIELDS:
                 self._add(name, counter, result.get(name, 0))

@@ -113,7 +113,7 @@ def run_shard(
         reporter(p)
 
     result = engine_service().process(plan, shard, on_progress=on_progress, should_stop=should_stop, worker=worker)
-    meter.finish(result)
+    meter.finish(result, retrying=will_retry and result["status"] == "failed" and bool(result.get("transient")))
     return result
 
 

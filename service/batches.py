@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+import posixpath
 import threading
 from typing import Any
 
-from connectors import write_bytes
+from connectors import read_manifest, write_bytes
 from connectors.blobs import read_bytes
 from jobs.openai_merge import merge_lines
 from jobs.spec import JobSpec
@@ -145,7 +146,7 @@ class BatchAdvancer:
 
     def _finalize(self, batch: BatchRecord, *, cancelled: bool) -> None:
         """Split the job's output lines into the output file and the error file."""
-        merged = merge_lines(batch.output_url, self.settings.storage_options)
+        merged = merge_lines(batch.output_url, self._parts(batch), self.settings.storage_options)
         ok, failed = [], []
         for line in read_bytes(merged["url"], self.settings.storage_options).splitlines():
             if line.strip():
@@ -160,6 +161,13 @@ class BatchAdvancer:
         else:
             values.update(status="completed", completed_at=now())
         self._update(batch.id, **values)
+
+    def _parts(self, batch: BatchRecord) -> list[str]:
+        """The part ids of the job's done and skipped shards, from its manifest (a cancelled job's
+        manifest lists the shards finished before the cancel; its summary hook did not run)."""
+        manifest = read_manifest(batch.output_url, self.settings.storage_options) or {}
+        names = [s["part"] for s in manifest.get("shards", []) if s.get("status") in ("done", "skipped") and s["part"]]
+        return [posixpath.splitext(name)[0].removeprefix("part-") for name in names]
 
     def _result_file(self, batch: BatchRecord, which: str, lines: list[bytes]) -> str:
         file_id = new_id("file-")
