@@ -4,7 +4,11 @@ chunked prefill and recompute preemption over a Llama-family model."""
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.llm_engine import LLMEngine, RequestError
-from engine.outputs import RequestOutput
+from engine.outputs import CompletionOutput, Logprob, RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.structured_output import StructuredOutput
 
-__all__ = ["LLM", "EngineConfig", "LLMEngine", "RequestError", "RequestOutput", "SamplingParams"]
+__all__ = [
+    "LLM", "CompletionOutput", "EngineConfig", "LLMEngine", "Logprob", "RequestError", "RequestOutput",
+    "SamplingParams", "StructuredOutput",
+]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from engine.structured_output import StructuredOutput
+
 
 @dataclass
 class SamplingParams:
@@ -18,12 +20,21 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    n: int = 1  # samples of the prompt; the prompt is computed once and its KV blocks shared
+    logprobs: int | None = None  # per generated token: its logprob plus this many top alternatives
+    prompt_logprobs: int | None = None  # the same for prompt tokens (the LM head then runs on them)
+    # Prompt logprobs only for positions >= this one (earlier entries None): the prefix cache may
+    # still serve the tokens before it. Log-likelihood scoring sets it to the context length.
+    prompt_logprobs_start: int = 1
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.structured_output, dict):
+            self.structured_output = StructuredOutput.from_dict(self.structured_output)
         self.validate()
 
     @property
@@ -47,6 +58,19 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
                 raise ValueError(f"stop_token_ids must be non-negative integers, got {t!r}")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ValueError(f"{name} must be None or an integer >= 0, got {v!r}")
+        start = self.prompt_logprobs_start
+        if isinstance(start, bool) or not isinstance(start, int) or start < 1:
+            raise ValueError(f"prompt_logprobs_start must be an integer >= 1, got {start!r}")
+        if self.structured_output is not None:
+            if not isinstance(self.structured_output, StructuredOutput):
+                raise ValueError(f"structured_output must be a StructuredOutput or a dict, got {self.structured_output!r}")
+            self.structured_output.validate()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
@@ -57,4 +81,5 @@ class SamplingParams:
         return cls(**data)
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain values only (``structured_output`` as a dict); ``from_dict`` reads it back."""
         return asdict(self)
