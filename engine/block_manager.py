@@ -92,12 +92,13 @@ class BlockManager:
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Block ids holding the longest cached prefix of ``seq``.
 
-        At most ``num_tokens - 1`` tokens can hit: the last token is always recomputed
-        because its logits are needed to sample the next one.
+        At most ``seq.max_cached_tokens`` tokens can hit: the last token is always recomputed
+        because its logits are needed to sample the next one, and so are prompt positions
+        whose logprobs the request asks for.
         """
         if not self.enable_prefix_caching:
             return []
-        max_blocks = (seq.num_tokens - 1) // self.block_size
+        max_blocks = max(0, seq.max_cached_tokens) // self.block_size
         self._ensure_hashes(seq, max_blocks)
         hits: list[int] = []
         for h in seq.block_hashes[:max_blocks]:
@@ -175,6 +176,30 @@ class BlockManager:
             seq.block_table.append(self._pop_free_block())
         self._register(seq, total)
         return True
+
+    def fork(self, parent: Sequence, child: Sequence) -> tuple[int, int] | None:
+        """Give ``child`` the KV of ``parent``'s computed tokens: full blocks are shared (one
+        more reference each), the partial last block gets a fresh block whose contents the
+        caller must copy; returns that ``(source, destination)`` pair, or None when there is
+        no partial block. With no free block for the copy, the child keeps the full blocks
+        only and recomputes the few tokens of the partial one."""
+        if child.block_table:
+            raise RuntimeError(f"request {child.request_id}: forked while holding blocks")
+        bs = self.block_size
+        computed = parent.num_computed_tokens
+        full = computed // bs
+        shared = parent.block_table[:full]
+        for block in shared:
+            self.ref_counts[block] += 1
+        child.block_table = list(shared)
+        child.block_hashes = list(parent.block_hashes[:full])
+        child.num_computed_tokens = full * bs
+        if computed % bs == 0 or self.num_free_blocks == 0:
+            return None
+        block = self._pop_free_block()
+        child.block_table.append(block)
+        child.num_computed_tokens = computed
+        return parent.block_table[full], block
 
     def free(self, seq: Sequence) -> None:
         """Release a sequence's blocks, tail first so the tail is evicted before the shared head."""

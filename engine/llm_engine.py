@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from typing import Any
@@ -15,17 +16,21 @@ from engine.chat import chat_token_ids
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.device_features import announce, choose_features
+from engine.cuda_profile import profile_cuda_blocks
 from engine.host import tune_for_cpu
-from engine.kv_cache import allocate_kv_pool, blocks_from_budget, blocks_from_cuda_memory, bytes_per_block
+from engine.kv_cache import allocate_kv_pool, blocks_from_budget, bytes_per_block
+from engine.logprobs import log_softmax, position_logprobs, prompt_logprobs_for_rows
 from engine.model_loader import load_config, load_model
 from engine.model_registry import resolve_model
-from engine.model_runner import ModelRunner
-from engine.outputs import RequestMetrics, RequestOutput
+from engine.model_runner import ModelRunner, StepLogits
+from engine.outputs import RequestOutput
+from engine.request_state import RequestState, build_output
 from engine.sampler import make_generator, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.stats import EngineStats
+from engine.structured_output import StructuredOutputBackend
 
 
 class RequestError(ValueError):
@@ -60,7 +65,7 @@ class LLMEngine:
         num_blocks = config.num_kv_blocks
         if num_blocks is None:
             if device.startswith("cuda"):
-                num_blocks = self._profile_cuda_blocks(m, backend, kv_dtype, per_block)
+                num_blocks = profile_cuda_blocks(m, backend, config, self.max_model_len, device, kv_dtype, per_block)
             else:
                 num_blocks = blocks_from_budget(config.kv_cache_memory_gb * 2**30, per_block)
         self.num_kv_blocks = num_blocks
@@ -83,8 +88,9 @@ class LLMEngine:
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.scheduling
         )
         self.stats_tracker = EngineStats(num_blocks, config.block_size)
-        self.sequences: dict[str, Sequence] = {}
-        self.generators: dict[str, torch.Generator] = {}
+        self.requests: dict[str, RequestState] = {}
+        self.structured = StructuredOutputBackend(self.tokenizer, hf_config.vocab_size, sorted(self.eos_token_ids))
+        self._decode_token = functools.lru_cache(maxsize=1 << 16)(self._decode_one)
         self._arrival = itertools.count()
         self._rng = random.Random(config.seed)
         # Test hook: called with the sequences of every forward pass; raising simulates a fault.
@@ -97,6 +103,12 @@ class LLMEngine:
         except (OSError, ValueError):
             return None
 
+    def _decode_one(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def _decode_text(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
     def _eos_token_ids(self) -> set[int]:
         ids: set[int] = set()
         try:
@@ -108,44 +120,6 @@ class LLMEngine:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return ids
-
-    def _profile_cuda_blocks(self, model, backend, kv_dtype: torch.dtype, per_block: int) -> int:
-        """Run one step at the full token budget on a throwaway pool to find the activation peak.
-
-        The budget is split into sequences no longer than the context (the rotary table ends
-        there), and the probe pool's own bytes are taken out of the peak: the real pool is
-        what is being sized.
-        """
-        dev = torch.device(self.device)
-        cfg = self.config
-        bs = cfg.block_size
-        lengths = []
-        left = cfg.max_num_batched_tokens
-        while left > 0:
-            lengths.append(min(left, self.max_model_len))
-            left -= lengths[-1]
-        hf = model.config
-        probe_blocks = sum(-(-n // bs) for n in lengths)
-        probe_pool = allocate_kv_pool(
-            hf.num_hidden_layers,
-            backend.kv_cache_shape(probe_blocks, bs, hf.num_key_value_heads, model.head_dim),
-            kv_dtype, dev,
-        )
-        runner = ModelRunner(model, backend, probe_pool, bs, self.device)
-        items, first_block = [], 0
-        for i, n in enumerate(lengths):
-            seq = Sequence(f"profile-{i}", [0] * n, SamplingParams(max_tokens=1))
-            nb = -(-n // bs)
-            seq.block_table = list(range(first_block, first_block + nb))
-            first_block += nb
-            items.append((seq, n))
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(dev)
-        runner.execute(items)
-        torch.cuda.synchronize(dev)
-        peak = torch.cuda.max_memory_allocated(dev) - probe_pool.numel() * probe_pool.element_size()
-        del runner, probe_pool  # the attention layers still view it until the real pool is bound
-        return blocks_from_cuda_memory(dev, cfg.gpu_memory_utilization, peak, per_block)
 
     # ---- requests -------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -163,7 +137,7 @@ class LLMEngine:
         self, request_id: str, prompt: str | list[int], params: SamplingParams | dict[str, Any] | None = None
     ) -> None:
         """Queue a request. Raises ``RequestError`` naming the request if it cannot run."""
-        if request_id in self.sequences:
+        if request_id in self.requests:
             raise RequestError(f"request {request_id}: id already in use")
         try:
             if params is None:
@@ -188,25 +162,47 @@ class LLMEngine:
                 f"request {request_id}: prompt is {len(token_ids)} tokens, the model's context is "
                 f"{self.max_model_len} tokens"
             )
-        seq = Sequence(request_id, token_ids, params, arrival=next(self._arrival))
-        seq.max_total_tokens = min(len(token_ids) + params.max_tokens, self.max_model_len)
-        needed = self.block_manager.blocks_for_tokens(seq.max_total_tokens)
+        max_total = min(len(token_ids) + params.max_tokens, self.max_model_len)
+        needed = self.block_manager.blocks_for_tokens(max_total)
         if needed > self.num_kv_blocks:
             raise RequestError(
-                f"request {request_id}: needs {needed} KV blocks ({seq.max_total_tokens} tokens) but the "
+                f"request {request_id}: needs {needed} KV blocks ({max_total} tokens) but the "
                 f"cache has {self.num_kv_blocks} blocks in all; it can never run"
             )
-        if not params.greedy:
-            seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-            self.generators[request_id] = make_generator(seed)
-        self.sequences[request_id] = seq
+        if params.structured_output is not None:
+            try:
+                self.structured.compile(params.structured_output)
+            except ValueError as e:
+                raise RequestError(f"request {request_id}: {e}") from None
+        state = RequestState(request_id, token_ids, params)
+        if params.prompt_logprobs is not None:
+            state.prompt_logprobs = [None] * len(token_ids)
+        seq = self._new_sequence(state, 0, next(self._arrival))
+        seq.pending_forks = params.n - 1
+        self.requests[request_id] = state
         self.scheduler.add(seq)
 
+    def _new_sequence(self, state: RequestState, index: int, arrival: int) -> Sequence:
+        """Sample ``index`` of a request: its own RNG stream (``seed + index``) and grammar state."""
+        params = state.params
+        seq = Sequence(state.request_id, state.prompt_token_ids, params, arrival=arrival, sample_index=index)
+        seq.max_total_tokens = min(seq.num_prompt_tokens + params.max_tokens, self.max_model_len)
+        if not params.greedy:
+            seed = params.seed + index if params.seed is not None else self._rng.getrandbits(63)
+            seq.generator = make_generator(seed)
+        if params.structured_output is not None:
+            seq.matcher = self.structured.matcher(params.structured_output)
+        if params.logprobs is not None:
+            seq.logprobs = []
+        state.seqs.append(seq)
+        return seq
+
     def abort_request(self, request_id: str) -> None:
-        seq = self.sequences.pop(request_id, None)
-        if seq is not None:
-            self.scheduler.abort(seq)
-            self.generators.pop(request_id, None)
+        state = self.requests.pop(request_id, None)
+        if state is not None:
+            for seq in state.seqs:
+                if not seq.is_finished:
+                    self.scheduler.abort(seq)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -219,25 +215,76 @@ class LLMEngine:
         if not batch:
             return []
         finished: list[RequestOutput] = []
-        items, sample_seqs, logits = self._execute_isolating_faults(batch.items, finished)
+        items, step = self._execute_isolating_faults(batch.items, finished)
         for seq, n in items:
             seq.num_computed_tokens += n
         self.stats_tracker.on_computed(batch, self.scheduler, self.block_manager)
-        if not sample_seqs:
+        for seq, first, rows in step.prompt:
+            state = self.requests[seq.request_id]
+            k = seq.params.prompt_logprobs or 0
+            entries = prompt_logprobs_for_rows(rows, seq.prompt_token_ids, first, k)
+            state.prompt_logprobs[first + 1 : first + 1 + len(entries)] = entries
+        if not step.sample_seqs:
             return finished
-        tokens = sample(logits, [s.params for s in sample_seqs], [self.generators.get(s.request_id) for s in sample_seqs])
-        for seq, token in zip(sample_seqs, tokens, strict=True):
+        seqs, logits = self._fork(step.sample_seqs, step.logits)
+        lp_rows = [i for i, s in enumerate(seqs) if s.logprobs is not None]
+        raw = log_softmax(logits[lp_rows]) if lp_rows else None  # before any mask or temperature
+        logits = self.structured.apply_masks(logits, [s.matcher for s in seqs])
+        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        if raw is not None:
+            picked = [tokens[i] for i in lp_rows]
+            entries = position_logprobs(raw, picked, [seqs[i].params.logprobs for i in lp_rows])
+            for i, token, entry in zip(lp_rows, picked, entries, strict=True):
+                seqs[i].logprobs.append(entry)
+                seqs[i].cumulative_logprob += entry[token].logprob
+        for seq, token in zip(seqs, tokens, strict=True):
             seq.token_ids.append(token)
             reason = self._finish_reason(seq, token)
             if reason is not None:
-                self.scheduler.finish(seq, reason)
-                finished.append(self._output(seq))
-                del self.sequences[seq.request_id]
-                self.generators.pop(seq.request_id, None)
+                self._finish_seq(seq, reason, finished)
         self.stats_tracker.decode_tokens += len(tokens)
         return finished
 
-    def _run(self, items: list[tuple[Sequence, int]]):
+    def _fork(self, sample_seqs: list[Sequence], logits: torch.Tensor) -> tuple[list[Sequence], torch.Tensor]:
+        """After a request's prompt is computed, create its other ``n - 1`` samples: they share
+        its full KV blocks, get a copy of its partial block, and sample from the same logits."""
+        seqs, rows, copies = list(sample_seqs), list(range(len(sample_seqs))), []
+        for row, parent in enumerate(sample_seqs):
+            if not parent.pending_forks:
+                continue
+            state = self.requests[parent.request_id]
+            for index in range(1, parent.pending_forks + 1):
+                child = self._new_sequence(state, index, parent.arrival)
+                pair = self.block_manager.fork(parent, child)
+                if pair is not None:
+                    copies.append(pair)
+                child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
+                child.first_scheduled_step = parent.first_scheduled_step
+                self.scheduler.add_running(child)
+                self.stats_tracker.on_fork(parent.num_computed_tokens // self.block_manager.block_size, pair)
+                seqs.append(child)
+                rows.append(row)
+            parent.pending_forks = 0
+        if len(seqs) == len(sample_seqs):
+            return seqs, logits
+        self.runner.copy_blocks(copies)
+        return seqs, logits[rows]
+
+    def _finish_seq(self, seq: Sequence, reason: str, finished: list[RequestOutput]) -> None:
+        self.scheduler.finish(seq, reason)
+        state = self.requests[seq.request_id]
+        state.num_finished += 1
+        if state.finished:
+            finished.append(build_output(state, self._text_decoder(), self._token_decoder()))
+            del self.requests[seq.request_id]
+
+    def _text_decoder(self):
+        return self._decode_text if self.tokenizer is not None else None
+
+    def _token_decoder(self):
+        return self._decode_token if self.tokenizer is not None else None
+
+    def _run(self, items: list[tuple[Sequence, int]]) -> StepLogits:
         if self.fault_injector is not None:
             self.fault_injector([s for s, _ in items])
         return self.runner.execute(items)
@@ -246,43 +293,48 @@ class LLMEngine:
         """Run the step; if it raises, rerun its requests one by one so only the request
         that fails on its own is failed (with the error), and the rest go on."""
         try:
-            sample_seqs, logits = self._run(items)
-            return items, sample_seqs, logits
+            return items, self._run(items)
         except Exception as batch_error:
             # Blocks published this step may hold keys that were never written.
             self.block_manager.forget_blocks([b for s, _ in items for b in s.block_table])
             if len(items) == 1:
                 self._fail(items[0][0], batch_error, finished)
-                return [], [], None
-        kept, sample_seqs, rows = [], [], []
+                return [], StepLogits()
+        kept, parts = [], []
         poisoned: set[int] = set()  # blocks of failed requests: their keys were never written
         for seq, n in items:
+            if seq.is_finished:
+                continue  # a sample of a request that failed earlier in this loop
             if poisoned.intersection(seq.block_table):
                 self.scheduler.preempt(seq)  # it mapped a failed request's prefix this step: recompute
                 continue
             try:
-                one_sample, one_logits = self._run([(seq, n)])
+                parts.append(self._run([(seq, n)]))
             except Exception as error:
                 poisoned.update(seq.block_table)
                 self.block_manager.forget_blocks(seq.block_table)
                 self._fail(seq, error, finished)
                 continue
             kept.append((seq, n))
-            sample_seqs += one_sample
-            rows.append(one_logits)
-        logits = torch.cat(rows) if rows else None
-        return kept, sample_seqs, logits
+        return kept, StepLogits.merge(parts)
 
     def _fail(self, seq: Sequence, error: Exception, finished: list[RequestOutput]) -> None:
-        self.scheduler.finish(seq, "error")
-        out = self._output(seq)
-        out.error = f"request {seq.request_id}: engine step failed: {type(error).__name__}: {error}"
-        finished.append(out)
-        del self.sequences[seq.request_id]
-        self.generators.pop(seq.request_id, None)
+        """Fail the whole request (all its samples) with the error."""
+        state = self.requests.pop(seq.request_id)
+        state.error = f"request {seq.request_id}: engine step failed: {type(error).__name__}: {error}"
+        for s in state.seqs:
+            if not s.is_finished:
+                self.scheduler.abort(s, "error")
+        finished.append(build_output(state, self._text_decoder(), self._token_decoder()))
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.params
+        if seq.matcher is not None:
+            if not seq.matcher.accept_token(token):
+                seq.matcher = None  # cannot happen with the mask applied; end the sample rather than loop
+                return "stop"
+            if seq.matcher.is_terminated():
+                return "stop"
         if not p.ignore_eos and token in self.eos_token_ids:
             return "stop"
         if token in p.stop_token_ids:
@@ -297,26 +349,7 @@ class LLMEngine:
             return "length"
         return None
 
-    def _output(self, seq: Sequence) -> RequestOutput:
-        text = ""
-        if self.tokenizer is not None:
-            text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
-            if seq.stop_text_end is not None:
-                text = text[: seq.stop_text_end]
-        return RequestOutput(
-            request_id=seq.request_id,
-            prompt_token_ids=list(seq.prompt_token_ids),
-            token_ids=list(seq.output_token_ids),
-            text=text,
-            finished=True,
-            finish_reason=seq.finish_reason,
-            metrics=RequestMetrics(
-                num_cached_prompt_tokens=seq.num_cached_prompt_tokens,
-                num_preemptions=seq.num_preemptions,
-                first_scheduled_step=seq.first_scheduled_step,
-                finished_step=seq.finished_step,
-            ),
-        )
-
     def stats(self) -> dict[str, Any]:
-        return self.stats_tracker.as_dict(self.scheduler, self.block_manager)
+        out = self.stats_tracker.as_dict(self.scheduler, self.block_manager)
+        out["structured_output_grammars_compiled"] = self.structured.num_compiled
+        return out

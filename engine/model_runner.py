@@ -2,11 +2,40 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.models.llama import LlamaForCausalLM
 from engine.sequence import Sequence
+
+
+@dataclass
+class StepLogits:
+    """A forward pass's float32 logits (CPU): one row per sampling sequence, and for the
+    sequences that ask for prompt logprobs, the rows of prompt positions ``first ...``."""
+
+    sample_seqs: list[Sequence] = field(default_factory=list)
+    logits: torch.Tensor | None = None  # [len(sample_seqs), vocab]
+    prompt: list[tuple[Sequence, int, torch.Tensor]] = field(default_factory=list)
+
+    @classmethod
+    def merge(cls, parts: list[StepLogits]) -> StepLogits:
+        rows = [p.logits for p in parts if p.sample_seqs]
+        return cls(
+            [s for p in parts for s in p.sample_seqs],
+            torch.cat(rows) if rows else None,
+            [x for p in parts for x in p.prompt],
+        )
+
+
+def prompt_logit_positions(seq: Sequence, computed: int, num_new: int) -> range:
+    """Positions of this chunk whose logits give a prompt logprob (position p scores token p + 1)."""
+    if not seq.needs_prompt_logits:
+        return range(0)
+    first = max(computed, seq.params.prompt_logprobs_start - 1)
+    return range(first, min(computed + num_new, seq.num_prompt_tokens - 1))
 
 
 class ModelRunner:
@@ -55,7 +84,16 @@ class ModelRunner:
         slot_mapping = block_tables[seq_index, positions // bs] * bs + positions % bs
 
         sample_rows = [i for i, (s, n) in enumerate(ordered) if s.num_computed_tokens + n == s.num_tokens]
-        logits_indices = qsl[1:][sample_rows] - 1
+        indices = (qsl[1:][sample_rows] - 1).tolist()
+        prompt_rows = []
+        for i, (s, n) in enumerate(ordered):
+            c = s.num_computed_tokens
+            wanted = prompt_logit_positions(s, c, n)
+            if wanted:
+                start = int(qsl[i]) - c  # flat row of position 0 of this sequence
+                indices.extend(range(start + wanted.start, start + wanted.stop))
+                prompt_rows.append((s, wanted.start, len(wanted)))
+        logits_indices = torch.tensor(indices, dtype=torch.int64)
         meta = AttentionMetadata(
             query_start_loc=qsl.to(dev, torch.int32),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(dev),
@@ -77,13 +115,31 @@ class ModelRunner:
             meta,
             logits_indices.to(dev),
             sample_seqs,
+            prompt_rows,
         )
 
     @torch.inference_mode()
-    def execute(self, items: list[tuple[Sequence, int]]) -> tuple[list[Sequence], torch.Tensor]:
-        """Run one forward pass; return the sequences that sample and their logits (float32, CPU)."""
-        input_ids, positions, meta, logits_indices, sample_seqs = self.prepare(items)
+    def execute(self, items: list[tuple[Sequence, int]]) -> StepLogits:
+        """Run one forward pass; the LM head runs only on the rows that sample or give a
+        prompt logprob."""
+        input_ids, positions, meta, logits_indices, sample_seqs, prompt_rows = self.prepare(items)
         if self.decode_graphs is not None and self.decode_graphs.can_run(meta):
-            return sample_seqs, self.decode_graphs.run(input_ids, positions, meta, logits_indices).cpu()
-        logits = self.model(input_ids, positions, meta, logits_indices)
-        return sample_seqs, logits.cpu()
+            logits = self.decode_graphs.run(input_ids, positions, meta, logits_indices).cpu()
+        else:
+            logits = self.model(input_ids, positions, meta, logits_indices).cpu()
+        out = StepLogits(sample_seqs, logits[: len(sample_seqs)])
+        row = len(sample_seqs)
+        for seq, first, count in prompt_rows:
+            out.prompt.append((seq, first, logits[row : row + count]))
+            row += count
+        return out
+
+    @torch.inference_mode()
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks ``source -> destination`` in every layer (forked samples)."""
+        if not pairs:
+            return
+        axis = 2 + self.backend.block_axis
+        src = torch.tensor([p[0] for p in pairs], device=self.kv_pool.device)
+        dst = torch.tensor([p[1] for p in pairs], device=self.kv_pool.device)
+        self.kv_pool.index_copy_(axis, dst, self.kv_pool.index_select(axis, src))

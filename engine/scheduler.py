@@ -115,6 +115,11 @@ class Scheduler:
                 self._cohort_slots -= 1
         return batch
 
+    def add_running(self, seq: Sequence) -> None:
+        """A sequence forked from a running one: it already holds its blocks."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self._preempt(seq)

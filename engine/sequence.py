@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.sampling_params import SamplingParams
 
@@ -15,9 +16,11 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)
 class Sequence:
-    """One request. The scheduler and block manager work only on these fields.
+    """One sample of a request (a request with ``n`` samples has ``n`` of these, sharing the
+    ``request_id``). The scheduler and block manager work only on these fields; sequences
+    compare by identity.
 
     ``num_computed_tokens`` counts tokens whose keys/values are in the KV cache; the
     tokens from there to ``len(token_ids)`` still have to be fed to the model.
@@ -39,6 +42,12 @@ class Sequence:
     first_scheduled_step: int | None = None
     finished_step: int | None = None
     max_total_tokens: int = 0  # prompt + max_tokens, capped by the model's context
+    sample_index: int = 0  # which of the request's n samples
+    pending_forks: int = 0  # samples still to be forked from this one after its prompt is computed
+    logprobs: list[Any] | None = None  # per generated token, when the request asks for logprobs
+    cumulative_logprob: float = 0.0
+    generator: Any = None  # torch.Generator of a sampling (non-greedy) sequence
+    matcher: Any = None  # grammar matcher of a structured-output sequence
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -63,6 +72,21 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Its prompt logprobs are still to be computed (the first pass over the prompt)."""
+        return self.params.prompt_logprobs is not None and self.num_output_tokens == 0
+
+    @property
+    def max_cached_tokens(self) -> int:
+        """How many leading tokens the prefix cache may serve. The last token is always
+        computed (its logits sample the next one), and so is every prompt position whose
+        logits give a prompt logprob that is asked for."""
+        limit = self.num_tokens - 1
+        if self.needs_prompt_logits:
+            limit = min(limit, self.params.prompt_logprobs_start - 1)
+        return limit
 
     @property
     def is_finished(self) -> bool:

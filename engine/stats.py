@@ -21,6 +21,14 @@ class EngineStats:
     steps: int = 0
     running_seq_steps: int = 0  # sum over steps of running sequences, for the mean
     kv_used_history: list[int] = field(default_factory=list)
+    forked_samples: int = 0  # samples 1..n-1 of n > 1 requests, forked from sample 0
+    fork_shared_blocks: int = 0  # full prompt KV blocks those samples share instead of recomputing
+    fork_copied_blocks: int = 0  # partial last blocks copied for them
+
+    def on_fork(self, shared_blocks: int, copied: object | None) -> None:
+        self.forked_samples += 1
+        self.fork_shared_blocks += shared_blocks
+        self.fork_copied_blocks += copied is not None
 
     def on_schedule(self, batch: ScheduledBatch, scheduler: Scheduler) -> None:
         if not batch:
@@ -58,5 +66,8 @@ class EngineStats:
             "prompt_tokens_computed": self.prompt_tokens_computed,
             "decode_tokens": self.decode_tokens,
             "preemptions": scheduler.num_preemptions,
+            "forked_samples": self.forked_samples,
+            "fork_shared_blocks": self.fork_shared_blocks,
+            "fork_copied_blocks": self.fork_copied_blocks,
             "steps": self.steps,
         }

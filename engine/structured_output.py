@@ -1,9 +1,11 @@
-"""Structured output: what a request constrains its text to, in the shape of vLLM's
-``StructuredOutputsParams``. The grammar machinery (xgrammar) lives in ``engine.grammar``."""
+"""Structured output: what a request constrains its text to (``StructuredOutput``, in the
+shape of vLLM's ``StructuredOutputsParams``) and the xgrammar backend that enforces it."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,3 +80,83 @@ class StructuredOutput:
         if unknown:
             raise ValueError(f"unknown structured_output field(s): {', '.join(unknown)}")
         return cls(**data)
+
+
+def _clean_error(error: Exception) -> str:
+    """xgrammar prefixes its messages with a time stamp and a C++ source location."""
+    return re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(error).strip()) or type(error).__name__
+
+
+class StructuredOutputBackend:
+    """Compiles constraints with xgrammar and masks the logits of constrained rows.
+
+    One per engine: the tokenizer info is built once (lazily, so engines that never see a
+    constrained request never import xgrammar), and each distinct constraint is compiled once.
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.stop_token_ids = sorted(stop_token_ids)
+        self._compiler: Any = None
+        self._compiled: dict[tuple[str, str], Any] = {}
+        self.num_compiled = 0  # distinct constraints compiled (cache misses)
+
+    def _get_compiler(self) -> Any:
+        if self._compiler is None:
+            import xgrammar as xgr
+
+            if self.tokenizer is None:
+                raise ValueError("the model has no tokenizer")
+            info = xgr.TokenizerInfo.from_huggingface(
+                self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
+            )
+            self._compiler = xgr.GrammarCompiler(info, max_threads=min(8, os.cpu_count() or 1), cache_enabled=False)
+        return self._compiler
+
+    def compile(self, so: StructuredOutput) -> Any:
+        """The compiled grammar; raises ValueError naming the problem when it cannot compile."""
+        key = so.key()
+        grammar = self._compiled.get(key)
+        if grammar is not None:
+            return grammar
+        compiler = self._get_compiler()
+        kind, text = key
+        try:
+            if kind == "json":
+                grammar = compiler.compile_json_schema(text, any_whitespace=False)
+            elif kind == "json_object":
+                grammar = compiler.compile_builtin_json_grammar()
+            elif kind == "regex":
+                grammar = compiler.compile_regex(text)
+            elif kind == "choice":
+                grammar = compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in so.choice or []))
+            else:
+                grammar = compiler.compile_grammar(text)
+        except (RuntimeError, ValueError, TypeError) as e:
+            raise ValueError(f"structured_output.{kind} cannot be compiled: {_clean_error(e)}") from None
+        self._compiled[key] = grammar
+        self.num_compiled += 1
+        return grammar
+
+    def matcher(self, so: StructuredOutput) -> Any:
+        import xgrammar as xgr
+
+        return xgr.GrammarMatcher(self.compile(so))
+
+    def apply_masks(self, logits: Any, matchers: list[Any]) -> Any:
+        """Set to -inf the tokens each constrained row's grammar forbids; rows whose matcher
+        is None are not touched. Returns the logits (a contiguous copy if they were strided:
+        the kernel assumes a dense row-major tensor)."""
+        rows = [i for i, m in enumerate(matchers) if m is not None]
+        if not rows:
+            return logits
+        import xgrammar as xgr
+
+        logits = logits.contiguous()
+
+        bitmask = xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
+        for i in rows:
+            matchers[i].fill_next_token_bitmask(bitmask, i)
+        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=self.vocab_size, indices=rows)
+        return logits

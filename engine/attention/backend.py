@@ -18,6 +18,7 @@ class AttentionBackend(ABC):
     """
 
     name: str = "abstract"
+    block_axis: int = 0  # where ``num_blocks`` sits in ``kv_cache_shape``
 
     def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple:
         return (num_blocks, block_size, num_kv_heads, head_dim)

@@ -43,6 +43,8 @@ class TorchAttentionBackend(AttentionBackend):
                 raise RuntimeError("the C decode kernel is not available (no compiler, or TOKENMILL_CPU_KERNELS=0)")
             self.kernel = PagedDecodeKernel(lib) if lib is not None else None
 
+    block_axis = 1
+
     def kv_cache_shape(self, num_blocks, block_size, num_kv_heads, head_dim):
         return (num_kv_heads, num_blocks, block_size, head_dim)
 
