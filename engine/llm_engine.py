@@ -8,19 +8,18 @@ import random
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer, GenerationConfig
 
 from engine.attention import get_backend
 from engine.block_manager import BlockManager
 from engine.chat import chat_token_ids
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
-from engine.device_features import announce, choose_features
 from engine.cuda_profile import profile_cuda_blocks
+from engine.device_features import announce, choose_features
 from engine.host import tune_for_cpu
 from engine.kv_cache import allocate_kv_pool, blocks_from_budget, bytes_per_block
 from engine.logprobs import log_softmax, position_logprobs, prompt_logprobs_for_rows
-from engine.model_loader import load_config, load_model
+from engine.model_loader import eos_token_ids, load_config, load_model, load_tokenizer
 from engine.model_registry import resolve_model
 from engine.model_runner import ModelRunner, StepLogits
 from engine.outputs import RequestOutput
@@ -30,6 +29,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.stats import EngineStats
+from engine.stopping import finish_reason
 from engine.structured_output import StructuredOutputBackend
 
 
@@ -52,8 +52,8 @@ class LLMEngine:
         self.model = load_model(self.model_dir, config.torch_dtype, device, self.max_model_len)
         if config.compile:
             self.model = torch.compile(self.model, dynamic=True)
-        self.tokenizer = self._load_tokenizer()
-        self.eos_token_ids = self._eos_token_ids()
+        self.tokenizer = load_tokenizer(self.model_dir)
+        self.eos_token_ids = eos_token_ids(self.model_dir, self.tokenizer)
         features = choose_features(device, config.attention_backend, config.enforce_eager, config.num_kv_blocks)
         announce(features)
         backend = get_backend(features.attention_backend, device)
@@ -90,36 +90,18 @@ class LLMEngine:
         self.stats_tracker = EngineStats(num_blocks, config.block_size)
         self.requests: dict[str, RequestState] = {}
         self.structured = StructuredOutputBackend(self.tokenizer, hf_config.vocab_size, sorted(self.eos_token_ids))
-        self._decode_token = functools.lru_cache(maxsize=1 << 16)(self._decode_one)
+        self._decode_token = functools.lru_cache(maxsize=1 << 16)(lambda t: self.tokenizer.decode([t]))
         self._arrival = itertools.count()
         self._rng = random.Random(config.seed)
         # Test hook: called with the sequences of every forward pass; raising simulates a fault.
         self.fault_injector = None
 
-    # ---- set-up helpers -------------------------------------------------------------
-    def _load_tokenizer(self):
-        try:
-            return AutoTokenizer.from_pretrained(self.model_dir)
-        except (OSError, ValueError):
-            return None
-
-    def _decode_one(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
-
-    def _decode_text(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
-
-    def _eos_token_ids(self) -> set[int]:
-        ids: set[int] = set()
-        try:
-            gen = GenerationConfig.from_pretrained(self.model_dir)
-            eos = gen.eos_token_id
-            ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        except OSError:
-            pass
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return ids
+    def _build_output(self, state: RequestState) -> RequestOutput:
+        if self.tokenizer is None:
+            return build_output(state, None, None)
+        return build_output(
+            state, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True), self._decode_token
+        )
 
     # ---- requests -------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -239,7 +221,7 @@ class LLMEngine:
                 seqs[i].cumulative_logprob += entry[token].logprob
         for seq, token in zip(seqs, tokens, strict=True):
             seq.token_ids.append(token)
-            reason = self._finish_reason(seq, token)
+            reason = finish_reason(seq, token, self.eos_token_ids, self.tokenizer, self.max_model_len)
             if reason is not None:
                 self._finish_seq(seq, reason, finished)
         self.stats_tracker.decode_tokens += len(tokens)
@@ -275,14 +257,8 @@ class LLMEngine:
         state = self.requests[seq.request_id]
         state.num_finished += 1
         if state.finished:
-            finished.append(build_output(state, self._text_decoder(), self._token_decoder()))
+            finished.append(self._build_output(state))
             del self.requests[seq.request_id]
-
-    def _text_decoder(self):
-        return self._decode_text if self.tokenizer is not None else None
-
-    def _token_decoder(self):
-        return self._decode_token if self.tokenizer is not None else None
 
     def _run(self, items: list[tuple[Sequence, int]]) -> StepLogits:
         if self.fault_injector is not None:
@@ -325,29 +301,7 @@ class LLMEngine:
         for s in state.seqs:
             if not s.is_finished:
                 self.scheduler.abort(s, "error")
-        finished.append(build_output(state, self._text_decoder(), self._token_decoder()))
-
-    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        p = seq.params
-        if seq.matcher is not None:
-            if not seq.matcher.accept_token(token):
-                seq.matcher = None  # cannot happen with the mask applied; end the sample rather than loop
-                return "stop"
-            if seq.matcher.is_terminated():
-                return "stop"
-        if not p.ignore_eos and token in self.eos_token_ids:
-            return "stop"
-        if token in p.stop_token_ids:
-            return "stop"
-        if p.stop and self.tokenizer is not None:
-            text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
-            cut = min((i for i in (text.find(s) for s in p.stop) if i >= 0), default=-1)
-            if cut >= 0:
-                seq.stop_text_end = cut
-                return "stop"
-        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            return "length"
-        return None
+        finished.append(self._build_output(state))
 
     def stats(self) -> dict[str, Any]:
         out = self.stats_tracker.as_dict(self.scheduler, self.block_manager)

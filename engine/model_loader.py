@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from engine.models.llama import LlamaForCausalLM, RotaryEmbedding
 
@@ -135,3 +135,25 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: 
     if missing or unexpected or wrong_shape:
         raise ValueError(_mismatch_message(model_dir, missing, unexpected, wrong_shape))
     return model.to(device=device, dtype=dtype).eval()
+
+
+def load_tokenizer(model_dir: Path):
+    """The model's tokenizer, or None for a model folder without one (token-id prompts only)."""
+    try:
+        return AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError):
+        return None
+
+
+def eos_token_ids(model_dir: Path, tokenizer) -> set[int]:
+    """Every end-of-sequence id the generation config or the tokenizer names."""
+    ids: set[int] = set()
+    try:
+        gen = GenerationConfig.from_pretrained(model_dir)
+        eos = gen.eos_token_id
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    except OSError:
+        pass
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids

@@ -1,0 +1,111 @@
+"""Structured output through xgrammar: JSON schema, regex, choice and EBNF constraints."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from engine import LLM, RequestError, SamplingParams, StructuredOutput
+
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+     "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
+     "required": ["answer", "sure"], "additionalProperties": False},
+    {"type": "object", "properties": {"colours": {"type": "array", "items": {"enum": ["red", "green", "blue"]},
+                                                  "minItems": 1, "maxItems": 3}},
+     "required": ["colours"], "additionalProperties": False},
+    {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                      "rank": {"type": "integer", "minimum": 1, "maximum": 9}},
+     "required": ["city", "rank"], "additionalProperties": False},
+]
+QUESTIONS = ["Describe a person.", "Is the sky blue?", "Name some colours.", "Name a city you like.", "Answer in JSON."]
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM("smollm2-135m-instruct", num_kv_blocks=512, max_num_seqs=128)
+
+
+def chat(llm: LLM, text: str) -> list[int]:
+    return llm.engine.apply_chat_template([{"role": "user", "content": text}])
+
+
+def test_100_json_outputs_validate(llm):
+    prompts, params = [], []
+    for i in range(100):
+        schema = SCHEMAS[i % len(SCHEMAS)]
+        prompts.append(chat(llm, f"{QUESTIONS[i % len(QUESTIONS)]} Reply with JSON only."))
+        # json given as a dict for some requests and as a JSON string for others: one grammar each.
+        spec = schema if i % 2 else json.dumps(schema)
+        params.append(SamplingParams(max_tokens=48, temperature=0.8, seed=i, structured_output=StructuredOutput(json=spec)))
+    compiled_before = llm.stats()["structured_output_grammars_compiled"]
+    outs = llm.generate(prompts, params)
+    for i, out in enumerate(outs):
+        assert out.error is None and out.finish_reason == "stop", (i, out.text)
+        jsonschema.validate(json.loads(out.text), SCHEMAS[i % len(SCHEMAS)])
+    assert len({o.text for o in outs}) > 10  # sampled, not one answer repeated
+    assert llm.stats()["structured_output_grammars_compiled"] - compiled_before == len(SCHEMAS)
+
+
+def test_regex_choice_and_grammar(llm):
+    p = chat(llm, "Give me a phone number and a colour.")
+    outs = llm.generate(
+        [p] * 4,
+        [
+            SamplingParams(max_tokens=12, temperature=0, structured_output=StructuredOutput(regex=r"\d{3}-\d{4}")),
+            SamplingParams(max_tokens=8, temperature=0, structured_output=StructuredOutput(choice=["red", "green", 'a "quoted" one'])),
+            SamplingParams(max_tokens=8, temperature=0, structured_output={"grammar": 'root ::= ("yes" | "no") "!"'}),
+            SamplingParams(n=3, max_tokens=8, temperature=1.0, seed=4,
+                           structured_output=StructuredOutput(choice=["alpha", "beta", "gamma"])),
+        ],
+    )
+    assert re.fullmatch(r"\d{3}-\d{4}", outs[0].text), outs[0].text
+    assert outs[1].text in ("red", "green", 'a "quoted" one')
+    assert outs[2].text in ("yes!", "no!")
+    assert [c.text in ("alpha", "beta", "gamma") for c in outs[3].outputs] == [True] * 3
+    assert all(o.finish_reason == "stop" for o in outs[:3])
+
+
+def test_unconstrained_rows_are_not_affected(llm):
+    prompts = [chat(llm, q) for q in QUESTIONS]
+    plain = SamplingParams(max_tokens=16, temperature=0)
+    alone = llm.generate(prompts, plain)
+    constrained = SamplingParams(max_tokens=16, temperature=0, structured_output=StructuredOutput(json=SCHEMAS[0]))
+    mixed = llm.generate(prompts + prompts[:2], [plain] * len(prompts) + [constrained] * 2)
+    assert [o.token_ids for o in mixed[: len(prompts)]] == [o.token_ids for o in alone]
+    assert json.loads(mixed[-1].text)  # the constrained mates did follow the schema
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"regex": "ab(c"}, "structured_output.regex cannot be compiled: Regex parsing error at position 4: The parenthesis is not closed."),
+        ({"grammar": "root ::= item"}, 'structured_output.grammar cannot be compiled: EBNF parser error at line 1, column 10: Rule "item" is not defined'),
+        ({"json": {"type": "nonsense"}}, 'structured_output.json cannot be compiled: Unsupported type "nonsense"'),
+    ],
+)
+def test_uncompilable_constraint_is_an_error_output(llm, spec, message):
+    with pytest.raises(RequestError) as err:
+        llm.engine.add_request("bad-1", [1, 2, 3], SamplingParams(structured_output=spec))
+    assert str(err.value) == f"request bad-1: {message}"
+    good, bad = llm.generate(["Hello", "Hello"], [SamplingParams(max_tokens=2, temperature=0), {"structured_output": spec}])
+    assert good.error is None and len(good.token_ids) == 2
+    assert bad.finish_reason == "error" and bad.error.endswith(message) and bad.outputs[0].finish_reason == "error"
+
+
+def test_invalid_structured_output_params():
+    with pytest.raises(ValueError, match="exactly one of json, regex, choice, grammar, json_object; got json, regex"):
+        StructuredOutput(json={}, regex="a")
+    with pytest.raises(ValueError, match="exactly one of json, regex, choice, grammar, json_object; got none"):
+        SamplingParams.from_dict({"structured_output": {}})
+    with pytest.raises(ValueError, match="choice must be a non-empty list of non-empty strings"):
+        StructuredOutput(choice=[])
+    with pytest.raises(ValueError, match="unknown structured_output field"):
+        SamplingParams.from_dict({"structured_output": {"schema": {}}})
+    params = SamplingParams.from_dict({"n": 2, "structured_output": {"regex": "a+"}})
+    assert SamplingParams.from_dict(params.to_dict()) == params
