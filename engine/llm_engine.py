@@ -209,9 +209,9 @@ class LLMEngine:
         if not step.sample_seqs:
             return finished
         seqs, logits = self._fork(step.sample_seqs, step.logits)
-        lp_rows = [i for i, s in enumerate(seqs) if s.logprobs is not None]
-        raw = log_softmax(logits[lp_rows]) if lp_rows else None  # before any mask or temperature
         logits = self.structured.apply_masks(logits, [s.matcher for s in seqs])
+        lp_rows = [i for i, s in enumerate(seqs) if s.logprobs is not None]
+        raw = log_softmax(logits[lp_rows]) if lp_rows else None  # grammar-masked, before temperature/top-k/top-p
         tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
         if raw is not None:
             picked = [tokens[i] for i in lp_rows]

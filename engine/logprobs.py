@@ -1,8 +1,9 @@
 """Log-probabilities of sampled and prompt tokens, with the top-k alternatives, as vLLM reports them.
 
-Values are the log-softmax of the model's raw float32 logits: taken before temperature,
-top-k/top-p filtering and any structured-output mask (vLLM's default "raw" logprobs), so
-they describe the model, not the sampler. Ranks are 1-based over the whole vocabulary.
+Values are the log-softmax of the model's raw float32 logits, taken before temperature and
+top-k/top-p filtering (vLLM's default "raw" logprobs). For a structured-output request the
+grammar mask is applied first, as in vLLM (forbidden tokens never appear, the allowed ones
+are renormalised); prompt logprobs are never masked. Ranks are 1-based over the vocabulary.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def position_logprobs(logprobs: torch.Tensor, token_ids: Sequence[int], top_k: S
         entry = {tok: Logprob(lp, rank)}
         for r in range(k):
             alt = top_ids[i][r]
-            if alt not in entry:
+            if alt not in entry and top_vals[i][r] > float("-inf"):  # masked tokens are not alternatives
                 entry[alt] = Logprob(top_vals[i][r], r + 1)
         out.append(entry)
     return out

@@ -18,8 +18,8 @@ class Logprob:
     """One token's log-probability at one position, as vLLM names it.
 
     ``rank`` is 1-based among the whole vocabulary (1 = most likely). The value is the
-    log-softmax of the model's raw float32 logits: before temperature, top-k, top-p and any
-    structured-output mask, so it is the model's own distribution whatever the sampling.
+    log-softmax of the model's raw float32 logits, before temperature, top-k and top-p; for
+    structured output, after the grammar mask (as vLLM does).
     """
 
     logprob: float

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import jsonschema
@@ -118,3 +119,16 @@ def test_invalid_structured_output_params():
         SamplingParams.from_dict({"structured_output": {"schema": {}}})
     params = SamplingParams.from_dict({"n": 2, "structured_output": {"regex": "a+"}})
     assert SamplingParams.from_dict(params.to_dict()) == params
+
+
+def test_logprobs_of_constrained_rows_are_masked(llm):
+    """As in vLLM, a constrained sample's logprobs are over the tokens its grammar allows."""
+    out = llm.generate(
+        [chat(llm, "Pick one.")],
+        SamplingParams(max_tokens=8, temperature=0, logprobs=5, structured_output=StructuredOutput(choice=["yes", "no"])),
+    )[0]
+    assert out.text in ("yes", "no")
+    first = out.logprobs[0]
+    assert all(lp.logprob > float("-inf") for lp in first.values())
+    assert {llm.tokenizer.decode([t]) for t in first} <= {"yes", "no", "y", "n", "ye"}
+    assert sum(math.exp(lp.logprob) for lp in first.values()) <= 1 + 1e-4
