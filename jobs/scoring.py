@@ -10,6 +10,10 @@ manifest's ``summary``). Methods:
 - ``regex``:    ``pattern`` extracts the answer (group 1, else the whole match), then ``exact``
 
 A reference may be a list of acceptable answers; any one matching counts.
+
+With ``n`` samples per row (``[sampling] n``) every sample is scored: ``correct`` is the
+first sample's, ``score`` the fraction correct, and the summary adds pass@k (unbiased
+estimator) and the accuracy of the majority vote over the samples' predictions.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.openai_merge import merge_if_requested
+from jobs.sample_metrics import majority, pass_at_k
 
 CHOICE_LETTERS = "ABCDE"
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -32,6 +37,10 @@ _CHOICE_ANY_CASE = re.compile(r"(?<![A-Za-z0-9])([A-Ea-e])(?![A-Za-z0-9])")
 MAX_PREDICTION_CHARS = 200
 MAX_REFERENCE_GROUPS = 10  # per-reference accuracy only for label-like references (choice letters, yes/no)
 EXTRA_COLUMNS = {"reference": "string", "prediction": "string", "correct": "bool", "score": "float64"}
+SAMPLE_COLUMNS = {
+    "samples": "list<string>", "sample_finish_reasons": "list<string>", "sample_correct": "list<bool>",
+    "n_correct": "int64", "majority": "string", "majority_correct": "bool",
+}
 
 
 def normalize_answer(text: str) -> str:
@@ -109,12 +118,37 @@ def score_row(row: dict[str, Any], record_fields: dict[str, Any], options: dict[
     values: dict[str, Any] = {"reference": _reference_text(reference)}
     if row.get("error"):
         return values
-    prediction, correct = score_answer(row.get("output") or "", reference, options.get("method", "exact"),
-                                       options.get("pattern"))
+    method, pattern = options.get("method", "exact"), options.get("pattern")
+    prediction, correct = score_answer(row.get("output") or "", reference, method, pattern)
     if prediction is not None:
         prediction = prediction[:MAX_PREDICTION_CHARS]
     values.update(prediction=prediction, correct=correct, score=1.0 if correct else 0.0)
+    samples = row.get("samples")
+    if samples is not None:
+        scored = [score_answer(text or "", reference, method, pattern) for text in samples]
+        vote = majority([p for p, _ in scored])
+        vote_correct = vote is not None and next(ok for p, ok in scored if p == vote)
+        values.update(
+            sample_correct=[ok for _, ok in scored], n_correct=sum(ok for _, ok in scored),
+            score=sum(ok for _, ok in scored) / len(scored),
+            majority=None if vote is None else vote[:MAX_PREDICTION_CHARS], majority_correct=vote_correct,
+        )
     return values
+
+
+def _sample_summary(table: pa.Table, options: dict[str, Any]) -> dict[str, Any]:
+    """pass@k for each requested k (mean over scored rows) and the majority vote's accuracy."""
+    n = int(options.get("n", 1))
+    counts = [c for c in table.column("n_correct").to_pylist() if c is not None]
+    if not counts:
+        return {"n": n}
+    ks = sorted({k for k in options.get("pass_k") or [1, n] if 1 <= k <= n})
+    votes = [v for v in table.column("majority_correct").to_pylist() if v is not None]
+    return {
+        "n": n,
+        "pass_at_k": {str(k): round(sum(pass_at_k(n, c, k) for c in counts) / len(counts), 4) for k in ks},
+        "majority_accuracy": round(sum(votes) / len(votes), 4) if votes else None,
+    }
 
 
 def _count(column: pa.ChunkedArray, value: Any = None) -> int:
@@ -155,6 +189,8 @@ def summarize_scores(table: pa.Table, options: dict[str, Any]) -> dict[str, Any]
                 ref: {"scored": n, "correct": hits[ref], "accuracy": round(hits[ref] / n, 4)}
                 for ref, n in sorted(totals.items())
             }
+    if "n_correct" in table.column_names:
+        summary.update(_sample_summary(table, options))
     merged = merge_if_requested(options)
     if merged:
         summary["openai_output"] = merged

@@ -182,6 +182,11 @@ class SamplingSection(Section):
     stop: list[str] = Field(default_factory=list)
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
+    n: int = Field(1, ge=1, le=128, description="samples per row (kinds generate and evaluate): a list column")
+
+    def plan_values(self) -> dict[str, Any]:
+        """SamplingParams fields for the plan; ``n`` only when set, so older plans keep their fingerprints."""
+        return self.model_dump(exclude={"n"} if self.n == 1 else None)
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -198,15 +203,69 @@ class SamplingSection(Section):
 
 class EvaluateSection(Section):
     reference_field: str = Field("answer", min_length=1, description="input column with the expected answer")
-    method: Literal["exact", "choice", "contains", "regex"] = "exact"
+    method: Literal["exact", "choice", "contains", "regex", "loglikelihood"] = "exact"
     pattern: str | None = Field(None, description="method 'regex': extracts the answer (group 1, or the match)")
+    choices_field: str = Field("choices", min_length=1, description="method 'loglikelihood': the list of choices")
+    chat_template: bool = Field(True, description="method 'loglikelihood': context in the chat template, else text")
+    target_delimiter: str | None = Field(
+        None, description="method 'loglikelihood': between context and choice (default '' in chat, ' ' in text)"
+    )
+    bootstrap_iters: int = Field(1000, ge=10, le=100_000, description="resamples for the standard errors")
+    pass_k: list[int] = Field(default_factory=list, description="with sampling.n > 1: k values (default [1, n])")
+
+    @field_validator("pass_k")
+    @classmethod
+    def _positive(cls, ks: list[int]) -> list[int]:
+        if any(k < 1 for k in ks):
+            raise ValueError("k values must be >= 1")
+        return ks
 
     @field_validator("pattern")
     @classmethod
-    def _compiles(cls, pattern: str | None) -> str | None:
+    def _compiles_pattern(cls, pattern: str | None) -> str | None:
         if pattern is not None:
             try:
                 re.compile(pattern)
             except re.error as exc:
                 raise ValueError(f"not a valid regular expression: {exc}") from None
         return pattern
+
+
+class ExtractSection(Section):
+    """Kind ``extract``: a JSON schema (inline, or a file) whose top-level properties become columns."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, populate_by_name=True)
+
+    json_schema: dict[str, Any] | None = Field(None, alias="schema", description="the JSON schema, inline")
+    schema_file: str | None = Field(None, description="a .json file holding the schema; relative: from the spec")
+
+    @field_validator("schema_file")
+    @classmethod
+    def _resolve(cls, path: str | None, info: ValidationInfo) -> str | None:
+        return resolve_local(path, info) if path else path
+
+    def load_schema(self) -> dict[str, Any]:
+        """The schema, checked: a valid JSON schema of an object with properties."""
+        import json
+
+        import jsonschema
+
+        if (self.json_schema is None) == (self.schema_file is None):
+            raise ValueError("extract: give exactly one of extract.schema and extract.schema_file")
+        schema, where = self.json_schema, "extract.schema"
+        if schema is None:
+            where = "extract.schema_file"
+            try:
+                with open(str(self.schema_file), encoding="utf-8") as f:
+                    schema = json.load(f)
+            except OSError as exc:
+                raise ValueError(f"{where}: cannot read {self.schema_file}: {exc.strerror or exc}") from None
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{where}: not JSON: {exc}") from None
+        try:
+            jsonschema.Draft202012Validator.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"{where}: not a valid JSON schema: {exc.message}") from None
+        if schema.get("type") != "object" or not isinstance(schema.get("properties"), dict) or not schema["properties"]:
+            raise ValueError(f"{where}: must describe an object (type 'object') with properties")
+        return schema

@@ -32,6 +32,7 @@ from jobs.schedule import Schedule, parse_schedule
 from jobs.secrets import reveal
 from jobs.sections import (
     EvaluateSection,
+    ExtractSection,
     InputSection,
     ModelSection,
     OutputSection,
@@ -53,13 +54,14 @@ class SpecFileError(ValueError):
 
 class JobSpec(Section):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="letters, digits, '.', '_', '-'")
-    kind: Literal["summarize", "evaluate", "generate", "openai_batch"] = "summarize"
+    kind: Literal["summarize", "evaluate", "generate", "openai_batch", "perplexity", "extract"] = "summarize"
     input: InputSection
     output: OutputSection
     model: ModelSection = Field(default_factory=ModelSection)
     prompt: PromptSection = Field(default_factory=PromptSection)
     sampling: SamplingSection = Field(default_factory=SamplingSection)
     evaluate: EvaluateSection | None = None
+    extract: ExtractSection | None = None
     schedule: str | None = Field(None, description="cron (UTC) like '0 2 * * *', or 'every 30s'")
     truncate_prompt: bool = Field(False, description="cut over-long documents instead of failing the row")
 
@@ -74,6 +76,10 @@ class JobSpec(Section):
     def _cross_checks(self) -> JobSpec:
         if self.evaluate is not None and self.kind != "evaluate":
             raise ValueError(f"evaluate: the [evaluate] table is only for kind 'evaluate' (kind is {self.kind!r})")
+        if self.extract is not None and self.kind != "extract":
+            raise ValueError(f"extract: the [extract] table is only for kind 'extract' (kind is {self.kind!r})")
+        if self.sampling.n > 1 and self.kind not in ("generate", "evaluate"):
+            raise ValueError(f"sampling.n: only kinds 'generate' and 'evaluate' take n samples (kind is {self.kind!r})")
         if self.input.format == "openai_batch" and self.kind != "openai_batch":
             raise ValueError("input.format: 'openai_batch' input needs kind = 'openai_batch'")
         if self.model.name is not None and self.model.path is not None:
@@ -161,7 +167,7 @@ class JobSpec(Section):
             storage_options=storage_options,
             output_storage_options=self.output_storage_options(),
             split_row_groups=self.input.split_row_groups,
-            sampling=self.sampling.model_dump(),
+            sampling=self.sampling.plan_values(),
             engine=self.model.engine_settings(),
             truncate_prompt=self.truncate_prompt,
             openai_output=openai_output,

@@ -15,6 +15,11 @@ from typing import Any
 _HOOK = re.compile(r"jobs(\.[A-Za-z_][A-Za-z0-9_]*)+:[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
+class RowRejected(ValueError):
+    """Raised by a row hook when the output is unusable (e.g. fails its schema): the message
+    becomes the row's error as written, without the hook's name."""
+
+
 class HookError(ValueError):
     """A hook name is not allowed or does not resolve to a callable."""
 

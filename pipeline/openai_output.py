@@ -15,6 +15,28 @@ from typing import Any
 from connectors import part_name
 
 OPENAI_LINE_KEY = "openai_line"
+CHOICES_KEY = "_openai_choices"  # on a result row: [{index, text, finish_reason, logprobs}] (n, logprobs)
+
+
+def _token_entry(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+
+def logprobs_content(token_ids: list[int], logprobs: list[dict[int, Any]], top: int, tokenizer: Any) -> list[dict]:
+    """OpenAI's ``choices[i].logprobs.content``: per generated token its text, logprob, bytes and
+    the ``top`` most likely alternatives (``Logprob`` entries keyed by token id, ranks from 1)."""
+    content = []
+    for token_id, entry in zip(token_ids, logprobs, strict=False):
+        def text(tid: int, lp: Any) -> str:
+            return lp.decoded_token if lp.decoded_token is not None else tokenizer.decode([tid])
+
+        chosen = entry[token_id]
+        best = sorted(((lp.rank, tid, lp) for tid, lp in entry.items() if lp.rank is not None and lp.rank <= top))
+        content.append({
+            **_token_entry(text(token_id, chosen), chosen.logprob),
+            "top_logprobs": [_token_entry(text(tid, lp), lp.logprob) for _, tid, lp in best],
+        })
+    return content
 
 
 def jsonl_name(part: int | str) -> str:
@@ -37,18 +59,22 @@ def openai_line(row: dict[str, Any], job_id: str, model: str, completion: bool =
             "error": {"code": "invalid_request", "message": row["error"]},
         }
     prompt, generated = row.get("prompt_tokens") or 0, row.get("output_tokens") or 0
-    finish = row.get("finish_reason") or "stop"
+    samples = row.get(CHOICES_KEY) or [
+        {"index": 0, "text": row.get("output"), "finish_reason": row.get("finish_reason"), "logprobs": None}
+    ]
     if completion:
-        choice = {"index": 0, "text": row.get("output") or "", "logprobs": None, "finish_reason": finish}
+        choices = [{"index": c["index"], "text": c["text"] or "", "logprobs": None,
+                    "finish_reason": c["finish_reason"] or "stop"} for c in samples]
     else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": row.get("output") or ""},
-                  "finish_reason": finish}
+        choices = [{"index": c["index"], "message": {"role": "assistant", "content": c["text"] or ""},
+                    "logprobs": None if c["logprobs"] is None else {"content": c["logprobs"], "refusal": None},
+                    "finish_reason": c["finish_reason"] or "stop"} for c in samples]
     body = {
         "id": f"{'cmpl' if completion else 'chatcmpl'}-{rid}",
         "object": "text_completion" if completion else "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [choice],
+        "choices": choices,
         "usage": {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated},
     }
     return {

@@ -36,6 +36,8 @@ _EXTRA_TYPES = {
     "bool": pa.bool_(),
     "boolean": pa.bool_(),
 }
+# Per-row lists: samples of one prompt, scores of each answer choice.
+_EXTRA_TYPES.update({f"list<{name}>": pa.list_(t) for name, t in list(_EXTRA_TYPES.items())})
 
 
 class SchemaError(ValueError):
@@ -82,6 +84,10 @@ def coerce_extra(value: Any, t: pa.DataType) -> Any:
     """A hook's value as the column's Python type; raises ValueError/TypeError if it is not one."""
     if value is None:
         return None
+    if pa.types.is_list(t):
+        if not isinstance(value, list | tuple):
+            raise TypeError(f"expected a list, got {type(value).__name__}")
+        return [coerce_extra(v, t.value_type) for v in value]
     if t == pa.string():
         return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
     if t == pa.bool_():

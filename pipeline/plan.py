@@ -16,6 +16,8 @@ _OUTPUT_FIELDS = (
     "kind", "input_format", "id_field", "text_field", "passthrough_fields", "prompt", "sampling",
     "truncate_prompt", "row_hook", "hook_options", "extra_columns", "openai_output",
 )
+# Also shaping, but only counted when set, so plans that do not use them keep their fingerprints.
+_OPTIONAL_OUTPUT_FIELDS = {"request_mode": "generate", "mode_options": {}, "sampling_field": None}
 _OUTPUT_ENGINE_FIELDS = ("model", "dtype", "max_model_len")
 
 
@@ -63,6 +65,11 @@ class JobPlan:
     hook_options: dict[str, Any] = field(default_factory=dict)
     extra_columns: dict[str, str] = field(default_factory=dict)  # name -> arrow type ("float64", "string", "bool")
     openai_output: bool = False  # also write OpenAI batch output JSONL lines
+    # How a row becomes engine requests (pipeline.row_requests): "generate", or scoring text
+    # with "loglikelihood" (one request per choice) / "perplexity"; mode_options configure it.
+    request_mode: str = "generate"
+    mode_options: dict[str, Any] = field(default_factory=dict)
+    sampling_field: str | None = None  # a row column of per-row SamplingParams overrides
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,6 +86,7 @@ class JobPlan:
         shaping = {k: data[k] for k in _OUTPUT_FIELDS}
         if not self.prompt.raw_prompt:  # added later: absent when off, so earlier parts stay current
             shaping["prompt"] = {k: v for k, v in shaping["prompt"].items() if k != "raw_prompt"}
+        shaping.update({k: data[k] for k, default in _OPTIONAL_OUTPUT_FIELDS.items() if data[k] != default})
         shaping["engine"] = {k: self.engine.get(k) for k in _OUTPUT_ENGINE_FIELDS}
         digest = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()[:16]
         return f"{input_fingerprint}|plan={digest}"

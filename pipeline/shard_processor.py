@@ -37,13 +37,14 @@ from connectors import (
     read_records,
     write_text,
 )
-from engine import LLMEngine, RequestError, SamplingParams
-from pipeline.hooks import load_hook
+from engine import LLMEngine, RequestError
+from pipeline.hooks import RowRejected, load_hook
 from pipeline.openai_output import OPENAI_LINE_KEY, jsonl_name, lines_to_jsonl, openai_line
 from pipeline.output_schema import coerce_extra, output_schema, passthrough_value, rows_to_table
 from pipeline.part_info import read_part_result, result_metadata
 from pipeline.plan import JobPlan
 from pipeline.prompts import TemplateError, prefix_key, render_messages, validate_prompt
+from pipeline.row_requests import RequestBuilder, RowGroup, RowInputError
 from pipeline.shard_result import ShardResult
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,8 @@ class _InFlight:
     record: Record
     seq: int
     admitted_at: float
+    group: RowGroup  # the row's requests (one, or one per answer choice)
+    index: int = 0  # this request's place in the group
 
 
 @dataclass
@@ -179,7 +182,8 @@ class ShardProcessor:
         self.engine_factory = engine_factory
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
         self.schema = output_schema(plan)
-        self.sampling = SamplingParams.from_dict(dict(plan.sampling))
+        self.requests = RequestBuilder(plan, engine)
+        self.sampling = self.requests.params
         self.hook = load_hook(plan.row_hook) if plan.row_hook else None
         self.extra_types = {f.name: f.type for f in self.schema if f.name in plan.extra_columns}
         self._in_flight: dict[str, _InFlight] = {}
@@ -368,28 +372,36 @@ class ShardProcessor:
             self._complete(shard, seq, record, self._base_row(record, error=pending.error))
             return
         try:
-            token_ids = self._tokenize(record, pending.messages)
-        except TemplateError as exc:
+            subs = self.requests.build(record.fields, record.row_number, pending.messages,
+                                       lambda: self._tokenize(record, pending.messages))
+        except (TemplateError, RowInputError) as exc:
             self._complete(shard, seq, record, self._base_row(record, error=str(exc)))
             return
         except Exception as exc:
             message = f"row {record.row_number}: cannot apply the chat template: {exc}"
             self._complete(shard, seq, record, self._base_row(record, error=message))
             return
-        rid = f"{self._nonce}:{shard.ref.index}:{record.row_number}"
-        try:
-            self.engine.add_request(rid, token_ids, self.sampling)
-        except RequestError as exc:
-            message = str(exc).replace(f"request {rid}", f"row {record.row_number}", 1)
-            self._complete(shard, seq, record, self._base_row(record, error=message, prompt_tokens=len(token_ids)))
-            return
-        except Exception as exc:  # an engine bug must cost this row, not the shard
-            log.exception("add_request failed for row %d", record.row_number)
-            message = f"row {record.row_number}: cannot queue the request: {type(exc).__name__}: {exc}"
-            self._complete(shard, seq, record, self._base_row(record, error=message, prompt_tokens=len(token_ids)))
-            return
-        self._in_flight[rid] = _InFlight(shard, record, seq, time.perf_counter())
-        shard.in_flight.add(rid)
+        base = f"{self._nonce}:{shard.ref.index}:{record.row_number}"
+        group, now = RowGroup(subs), time.perf_counter()
+        for i, sub in enumerate(subs):
+            rid = base if len(subs) == 1 else f"{base}#{i}"
+            try:
+                self.engine.add_request(rid, sub.token_ids, sub.params)
+            except Exception as exc:  # RequestError names the problem; anything else is an engine bug
+                if not isinstance(exc, RequestError):
+                    log.exception("add_request failed for row %d", record.row_number)
+                    exc = f"row {record.row_number}: cannot queue the request: {type(exc).__name__}: {exc}"
+                message = str(exc).replace(f"request {rid}", f"row {record.row_number}", 1)
+                for j in range(i):  # the row's requests already queued
+                    queued = base if len(subs) == 1 else f"{base}#{j}"
+                    self._abort(queued)
+                    self._in_flight.pop(queued, None)
+                    shard.in_flight.discard(queued)
+                tokens = sum(len(s.token_ids) for s in subs)
+                self._complete(shard, seq, record, self._base_row(record, error=message, prompt_tokens=tokens))
+                return
+            self._in_flight[rid] = _InFlight(shard, record, seq, now, group, i)
+            shard.in_flight.add(rid)
 
     def _encode(self, messages: list[dict[str, str]]) -> list[int]:
         """The chat template's tokens, or for a raw prompt (/v1/completions) the text's own tokens
@@ -462,16 +474,15 @@ class ShardProcessor:
             if inf is None:
                 continue
             inf.shard.in_flight.discard(out.request_id)
-            row = self._base_row(
-                inf.record,
-                output=out.text,
-                finish_reason=out.finish_reason,
-                prompt_tokens=len(out.prompt_token_ids),
-                output_tokens=len(out.token_ids),
-                cached_prompt_tokens=out.metrics.num_cached_prompt_tokens,
-                error=out.error,
-                latency_s=time.perf_counter() - inf.admitted_at,
-            )
+            inf.group.outputs[inf.index] = out
+            if not inf.group.done:
+                continue
+            try:
+                values = self.requests.row_values(inf.group)
+            except Exception as exc:  # scoring a finished row must cost the row only
+                log.exception("cannot build the result of row %d", inf.record.row_number)
+                values = {"error": f"row {inf.record.row_number}: {type(exc).__name__}: {exc}"}
+            row = self._base_row(inf.record, **values, latency_s=time.perf_counter() - inf.admitted_at)
             self._complete(inf.shard, inf.seq, inf.record, row, notify=False)
             touched[inf.shard.ref.index] = inf.shard
         for shard in touched.values():
@@ -483,12 +494,17 @@ class ShardProcessor:
             self._abort_leftovers()
             return
         self.engine = self.engine_factory()
+        self.requests = RequestBuilder(self.plan, self.engine)
 
     def _fail_in_flight(self, message: str) -> None:
         """Every request in the engine becomes an error row; the engine is left empty."""
+        failed: set[int] = set()
         for rid, inf in list(self._in_flight.items()):
             self._abort(rid)
             inf.shard.in_flight.discard(rid)
+            if id(inf.group) in failed:  # one error row per row, whatever its number of requests
+                continue
+            failed.add(id(inf.group))
             row = self._base_row(
                 inf.record, error=f"row {inf.record.row_number}: {message}",
                 latency_s=time.perf_counter() - inf.admitted_at,
@@ -506,8 +522,10 @@ class ShardProcessor:
             output_tokens=0, cached_prompt_tokens=0, error=None, latency_s=0.0,
         )
         row.update(values)
+        if row["error"] and row["finish_reason"] is None:
+            row["finish_reason"] = "error"
         for name in self.plan.extra_columns:
-            row[name] = None
+            row.setdefault(name, None)
         return row
 
     def _complete(
@@ -576,7 +594,10 @@ class ShardProcessor:
             line = extra.get(OPENAI_LINE_KEY)
             return line if isinstance(line, dict) else None
         except Exception as exc:
-            message = f"row hook {self.plan.row_hook} failed: {type(exc).__name__}: {exc}"
+            if isinstance(exc, RowRejected):  # the kind's own verdict on the output, worded for users
+                message = str(exc)
+            else:
+                message = f"row hook {self.plan.row_hook} failed: {type(exc).__name__}: {exc}"
             row["error"] = f"{row['error']}; {message}" if row["error"] else f"row {record.row_number}: {message}"
             row["finish_reason"] = row["finish_reason"] or "error"
             return None

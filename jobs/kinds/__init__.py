@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-KIND_NAMES = ("summarize", "evaluate", "generate", "openai_batch")
+KIND_NAMES = ("summarize", "evaluate", "generate", "openai_batch", "perplexity", "extract")
 
 
 def kind_module(kind: str) -> ModuleType:

@@ -1,7 +1,8 @@
 """Kind ``generate``: free-form prompts, one column holding each row's whole user turn.
 
 No template: a column of prompts is sent as written (braces and all), so prompts that
-contain code or JSON need no escaping.
+contain code or JSON need no escaping. With ``[sampling] n`` > 1 the row keeps all its
+samples (``samples``, a list column; ``output`` is the first) and their majority answer.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from jobs.kinds.base import few_shot_turns
+from jobs.sample_metrics import GENERATE_SAMPLE_COLUMNS
 from pipeline.plan import PromptPlan
 
 if TYPE_CHECKING:
@@ -21,6 +23,9 @@ def check(spec: JobSpec) -> None:
             "prompt.template: kind 'generate' sends prompt.prompt_field as written; "
             "use kind 'summarize' for a template"
         )
+    clash = set(GENERATE_SAMPLE_COLUMNS) & set(spec.input.passthrough) if spec.sampling.n > 1 else set()
+    if clash:
+        raise ValueError(f"input.passthrough: {sorted(clash)} clash with the sample columns")
 
 
 def prompt_field(spec: JobSpec) -> str:
@@ -29,8 +34,11 @@ def prompt_field(spec: JobSpec) -> str:
 
 def plan_fields(spec: JobSpec) -> dict[str, Any]:
     field = prompt_field(spec)
-    return {
+    values: dict[str, Any] = {
         # the prompt column is also the checked text column: a row with an empty prompt is an error row
         "text_field": field,
         "prompt": PromptPlan(system=spec.prompt.system or "", prompt_field=field, few_shot=few_shot_turns(spec)),
     }
+    if spec.sampling.n > 1:
+        values.update(extra_columns=dict(GENERATE_SAMPLE_COLUMNS), row_hook="jobs.sample_metrics:majority_row")
+    return values

@@ -1,0 +1,59 @@
+"""Kind ``perplexity``: how well the model predicts each document (no generation).
+
+Each row's text is scored token by token (``pipeline.loglikelihood``): the row gets its
+summed negative log-likelihood ``nll`` (nats), its token count ``tokens`` and its own
+``perplexity``; the manifest's summary holds the corpus perplexity, exp(sum nll / sum tokens),
+which weights every token alike (not the mean of the rows' perplexities).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.plan import PromptPlan
+
+if TYPE_CHECKING:
+    from jobs.spec import JobSpec
+
+COLUMNS = {"nll": "float64", "tokens": "int64", "perplexity": "float64"}
+
+
+def check(spec: JobSpec) -> None:
+    for name in ("system", "template", "prompt_field"):
+        if getattr(spec.prompt, name) is not None:
+            raise ValueError(f"prompt.{name}: kind 'perplexity' scores input.text_field as it is, with no prompt")
+    if spec.prompt.few_shot:
+        raise ValueError("prompt.few_shot: kind 'perplexity' scores input.text_field as it is, with no prompt")
+    clash = set(COLUMNS) & set(spec.input.passthrough)
+    if clash:
+        raise ValueError(f"input.passthrough: {sorted(clash)} clash with the perplexity columns")
+
+
+def plan_fields(spec: JobSpec) -> dict[str, Any]:
+    return {
+        "prompt": PromptPlan(prompt_field=spec.input.text_field),  # rendered but unused: the text is scored raw
+        "request_mode": "perplexity",
+        "extra_columns": dict(COLUMNS),
+        "summary_hook": "jobs.kinds.perplexity:summarize",
+    }
+
+
+def summarize(table: pa.Table, options: dict[str, Any]) -> dict[str, Any]:
+    """Summary hook: corpus perplexity over the rows that were scored."""
+    rows = table.num_rows
+    errors = rows - len(table.filter(pc.is_null(table.column("error")))) if rows else 0
+    nll = float(pc.sum(table.column("nll")).as_py() or 0.0) if rows else 0.0
+    tokens = int(pc.sum(table.column("tokens")).as_py() or 0) if rows else 0
+    return {
+        "rows": rows,
+        "scored": rows - errors,
+        "errors": errors,
+        "tokens": tokens,
+        "nll": round(nll, 4),
+        "nll_per_token": round(nll / tokens, 6) if tokens else None,
+        "perplexity": round(math.exp(nll / tokens), 4) if tokens else None,
+    }

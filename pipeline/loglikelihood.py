@@ -1,0 +1,129 @@
+"""Scoring text instead of generating it: log-likelihood of answer choices, and perplexity.
+
+Log-likelihood (multiple choice, as lm-evaluation-harness does it): for each choice the
+request is context tokens + continuation tokens, where the continuation tokens are the
+suffix of ``encode(context + continuation)`` after ``encode(context)`` (trailing whitespace
+of the context moves to the continuation first). ``prompt_logprobs_start`` = the context
+length, so the engine computes logprobs only for the continuation and the prefix cache can
+serve the context: the choices of a row are admitted together and share its KV blocks.
+The choice's score is the sum of its continuation tokens' logprobs.
+
+Perplexity: the document's tokens behind one prefix token (BOS, else EOS, as lm-eval's
+rolling log-likelihood does), so every token of the document is scored; the row holds
+the summed negative log-likelihood and the number of tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+from engine import LLMEngine, SamplingParams
+from pipeline.plan import JobPlan
+
+if TYPE_CHECKING:
+    from pipeline.row_requests import RowGroup, SubRequest
+
+
+def scored_sum(out: Any, token_ids: list[int], start: int) -> float:
+    """Sum of the logprobs of ``token_ids[start:]`` from the output's prompt logprobs."""
+    entries = out.prompt_logprobs
+    if entries is None or len(entries) != len(token_ids):
+        raise RuntimeError(f"the engine returned no prompt logprobs for {len(token_ids)} prompt tokens")
+    return sum(entries[p][token_ids[p]].logprob for p in range(start, len(token_ids)))
+
+
+def parse_choices(value: Any, field: str, row: int) -> list[str]:
+    """A row's answer choices: a list of strings (a JSON list as text is accepted, for CSV)."""
+    from pipeline.row_requests import RowInputError
+
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise RowInputError(f"row {row}: field {field!r} is not a list of choices") from None
+    if not isinstance(value, list) or len(value) < 2 or not all(isinstance(c, str) and c for c in value):
+        raise RowInputError(f"row {row}: field {field!r} must be a list of at least 2 non-empty strings")
+    return value
+
+
+class Scorer:
+    """The ``loglikelihood`` and ``perplexity`` request modes."""
+
+    def __init__(self, plan: JobPlan, engine: LLMEngine) -> None:
+        self.plan = plan
+        self.engine = engine
+        options = plan.mode_options
+        self.choices_field = options.get("choices_field", "choices")
+        self.chat = bool(options.get("chat_template", True))
+        default_delimiter = "" if self.chat else " "
+        self.delimiter = options.get("target_delimiter", default_delimiter)
+
+    def _params(self, start: int) -> SamplingParams:
+        return SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, prompt_logprobs_start=start)
+
+    def context_text(self, messages: list[dict[str, str]]) -> str:
+        """The chat rendered as text, ready for the answer; or plain text turns joined by blank lines."""
+        if self.chat:
+            return self.engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        parts, pending_user = [], None
+        for m in messages:
+            if m["role"] == "user":
+                pending_user = m["content"]
+            elif m["role"] == "assistant" and pending_user is not None:
+                parts.append(pending_user + self.delimiter + m["content"])
+                pending_user = None
+            else:
+                parts.append(m["content"])
+        if pending_user is not None:
+            parts.append(pending_user)
+        return "\n\n".join(parts)
+
+    def build(self, fields: dict[str, Any], row: int, messages: list[dict[str, str]]) -> list[SubRequest]:
+        from pipeline.row_requests import SubRequest
+
+        if self.plan.request_mode == "perplexity":
+            return [self._document(fields, row)]
+        choices = parse_choices(fields.get(self.choices_field), self.choices_field, row)
+        context = self.context_text(messages)
+        spaces = len(context) - len(context.rstrip())
+        moved = context[len(context) - spaces:] if spaces else ""
+        context = context[: len(context) - spaces]
+        ctx_ids = self.engine.encode(context)
+        subs = []
+        for choice in choices:
+            whole = self.engine.encode(context + moved + self.delimiter + choice)
+            cont = whole[len(ctx_ids):]
+            if not cont:
+                from pipeline.row_requests import RowInputError
+
+                raise RowInputError(f"row {row}: choice {choice!r} adds no tokens to the context")
+            subs.append(SubRequest(ctx_ids + cont, self._params(len(ctx_ids)), scored_from=len(ctx_ids)))
+        return subs
+
+    def _document(self, fields: dict[str, Any], row: int) -> SubRequest:
+        from pipeline.row_requests import RowInputError, SubRequest
+
+        tok = self.engine.tokenizer
+        prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        ids = self.engine.encode(str(fields.get(self.plan.text_field, "")))
+        budget = self.engine.max_model_len - 1  # room for the one generated token
+        if len(ids) + 1 > budget:
+            if not self.plan.truncate_prompt:
+                raise RowInputError(
+                    f"row {row}: document is {len(ids)} tokens, over the {budget - 1} that fit the context "
+                    "(set truncate_prompt = true to score its beginning)"
+                )
+            ids = ids[: budget - 1]
+        return SubRequest([prefix, *ids], self._params(1), scored_from=1)
+
+    def values(self, group: RowGroup) -> dict[str, Any]:
+        """The mode's columns for a finished row without errors."""
+        sums = [scored_sum(group.outputs[i], s.token_ids, s.scored_from or 0) for i, s in enumerate(group.subs)]
+        if self.plan.request_mode == "perplexity":
+            tokens = len(group.subs[0].token_ids) - 1
+            nll = -sums[0]
+            return {"nll": nll, "tokens": tokens, "perplexity": math.exp(nll / tokens)}
+        return {"choice_logprobs": sums,
+                "choice_tokens": [len(s.token_ids) - (s.scored_from or 0) for s in group.subs]}

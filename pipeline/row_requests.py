@@ -1,0 +1,128 @@
+"""How one input row becomes engine requests, and how their outputs become one result row.
+
+Most kinds send one request per row (``generate`` mode; with ``n`` samples it is still one
+request, the engine shares the prompt's KV blocks between the samples). Two modes score
+text instead of generating it (``pipeline.loglikelihood``): ``loglikelihood`` sends one
+request per answer choice, context + continuation, and sums the continuation's prompt
+logprobs; ``perplexity`` scores every token of the document. A row may also carry its own
+sampling settings (OpenAI batch lines: ``plan.sampling_field``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine import LLMEngine, RequestOutput, SamplingParams
+from pipeline.openai_output import CHOICES_KEY, logprobs_content
+from pipeline.plan import JobPlan
+
+MODES = ("generate", "loglikelihood", "perplexity")
+
+
+class RowInputError(ValueError):
+    """The row cannot become a request (bad choices, bad per-row sampling); the message names the row."""
+
+
+def make_params(values: dict[str, Any]) -> SamplingParams:
+    """SamplingParams from plain data; ``structured_output`` may be given as a dict."""
+    values = dict(values)
+    structured = values.pop("structured_output", None)
+    params = SamplingParams.from_dict(values)
+    if structured:
+        from engine import StructuredOutput
+
+        params.structured_output = StructuredOutput(**structured)
+    return params
+
+
+@dataclass
+class SubRequest:
+    """One engine request of a row; ``scored_from``: first prompt position whose logprob counts."""
+
+    token_ids: list[int]
+    params: SamplingParams
+    scored_from: int | None = None
+
+
+@dataclass
+class RowGroup:
+    """A row's requests in flight; the row is finished when every one has an output."""
+
+    subs: list[SubRequest]
+    outputs: dict[int, RequestOutput] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return len(self.outputs) == len(self.subs)
+
+
+def _choice_dict(out: Any, tokenizer: Any, top: int | None) -> dict[str, Any]:
+    content = None
+    if top is not None and out.logprobs is not None:
+        content = logprobs_content(out.token_ids, out.logprobs, top, tokenizer)
+    return {"index": out.index, "text": out.text, "finish_reason": out.finish_reason, "logprobs": content}
+
+
+class RequestBuilder:
+    """Per plan: ``build`` turns a row into SubRequests, ``row_values`` their outputs into row fields."""
+
+    def __init__(self, plan: JobPlan, engine: LLMEngine) -> None:
+        if plan.request_mode not in MODES:
+            raise ValueError(f"unknown request mode {plan.request_mode!r}: expected one of {', '.join(MODES)}")
+        self.plan = plan
+        self.engine = engine
+        self.base = dict(plan.sampling)
+        self.params = make_params(self.base)
+        self.scorer = None
+        if plan.request_mode != "generate":
+            from pipeline.loglikelihood import Scorer
+
+            self.scorer = Scorer(plan, engine)
+
+    def row_params(self, fields: dict[str, Any], row: int) -> SamplingParams:
+        name = self.plan.sampling_field
+        own = fields.get(name) if name else None
+        if not own:
+            return self.params
+        if not isinstance(own, dict):
+            raise RowInputError(f"row {row}: field {name!r} must be an object of sampling settings")
+        try:
+            return make_params({**self.base, **own})
+        except (TypeError, ValueError) as exc:
+            raise RowInputError(f"row {row}: invalid sampling parameters: {exc}") from None
+
+    def build(self, fields: dict[str, Any], row: int, messages: list[dict[str, str]],
+              tokenize: Callable[[], list[int]]) -> list[SubRequest]:
+        if self.scorer is not None:
+            return self.scorer.build(fields, row, messages)
+        return [SubRequest(tokenize(), self.row_params(fields, row))]
+
+    def row_values(self, group: RowGroup) -> dict[str, Any]:
+        """Result-row fields from a finished group: the fixed columns, plus the mode's columns."""
+        outs = [group.outputs[i] for i in range(len(group.subs))]
+        errors = [o.error for o in outs if o.error]
+        values: dict[str, Any] = {
+            "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
+            "cached_prompt_tokens": sum(o.metrics.num_cached_prompt_tokens for o in outs),
+            "error": errors[0] if errors else None,
+        }
+        if self.scorer is not None:
+            values.update(output=None, output_tokens=0, finish_reason="error" if errors else "stop")
+            if not errors:
+                values.update(self.scorer.values(group))
+            return values
+        (out,) = outs
+        samples = list(getattr(out, "outputs", None) or [])
+        values.update(
+            output=out.text, finish_reason=out.finish_reason,
+            output_tokens=sum(len(s.token_ids) for s in samples) if samples else len(out.token_ids),
+        )
+        if "samples" in self.plan.extra_columns:
+            values["samples"] = [s.text for s in samples] if samples else [out.text]
+            values["sample_finish_reasons"] = [s.finish_reason for s in samples] if samples else [out.finish_reason]
+        if self.plan.openai_output and samples and not errors:
+            top = group.subs[0].params.logprobs
+            values[CHOICES_KEY] = [_choice_dict(s, self.engine.tokenizer, top) for s in samples]
+        return values
