@@ -8,10 +8,10 @@ validated up front: a malformed request fails the job with the line numbers, bef
 generation. A converted shard is rewritten only when its content changes, so its
 fingerprint (and the parts already written from it) survive a re-run.
 
-Sampling: the engine runs one SamplingParams per job. A setting every request gives
-the same value (``max_tokens``, ``temperature``, ...) is used for all; where requests
-disagree, ``max_tokens`` takes the largest and the others fall back to the spec's
-``[sampling]``, with a warning.
+Sampling is per request: each row carries its line's settings (``temperature``, ``top_p``,
+``max_tokens`` / ``max_completion_tokens``, ``seed``, ``stop``, ``n``, ``logprobs`` /
+``top_logprobs``, ``response_format``) as ``sampling``, applied over the spec's
+``[sampling]``; a line's bad value fails the file up front like any other bad line.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors import filesystem_for, join_url, list_shards, with_retries, write_text
+from engine import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +31,12 @@ CHAT_URLS = ("/v1/chat/completions", "/chat/completions")
 COMPLETION_URLS = ("/v1/completions", "/completions")  # a raw prompt, no chat template
 MAX_REPORTED_ERRORS = 10
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-_SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "stop")
+SAMPLING_FIELD = "sampling"
+_SAMPLING_KEYS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "logprobs",
+                  "top_logprobs", "response_format")
 # Body keys that change nothing here and are accepted silently.
-_IGNORED = {"model", "user", "metadata", "store", "n", "stream", "service_tier"}
+_IGNORED = {"model", "user", "metadata", "store", "stream", "service_tier"}
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
 
 class OpenAIBatchError(ValueError):
@@ -80,9 +84,33 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
     return out
 
 
+def _response_format(value: Any) -> dict[str, Any] | None:
+    """OpenAI's response_format as an engine structured_output (None for plain text)."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise ValueError("body.response_format.json_schema.schema must be a JSON object")
+        return {"json": spec["schema"]}
+    raise ValueError(f"body.response_format.type must be text, json_object or json_schema, got {kind!r}")
+
+
+def _logprobs(body: dict[str, Any]) -> int | None:
+    top = body.get("top_logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS):
+        raise ValueError(f"body.top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {top!r}")
+    if not body.get("logprobs"):
+        if top is not None:
+            raise ValueError("body.top_logprobs needs body.logprobs = true")
+        return None
+    return top or 0
+
+
 def _sampling(body: dict[str, Any]) -> dict[str, Any]:
-    if body.get("n", 1) != 1:
-        raise ValueError("body.n: only one choice per request is supported")
     if body.get("stream"):
         raise ValueError("body.stream: streaming is not available in a batch")
     values = {}
@@ -97,6 +125,19 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
     if body.get("stop") is not None:
         stop = body["stop"]
         values["stop"] = [stop] if isinstance(stop, str) else list(stop)
+    if body.get("n") is not None:
+        values["n"] = body["n"]
+    logprobs = _logprobs(body)
+    if logprobs is not None:
+        values["logprobs"] = logprobs
+    if body.get("response_format") is not None:
+        structured = _response_format(body["response_format"])
+        if structured is not None:
+            values["structured_output"] = structured
+    try:
+        SamplingParams.from_dict(values)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"body: {exc}") from None
     return values
 
 
@@ -124,13 +165,19 @@ def parse_request(line: str) -> tuple[str, dict[str, Any], dict[str, Any], set[s
             prompt = prompt[0]
         if not isinstance(prompt, str) or not prompt:
             raise ValueError("body.prompt must be a non-empty string (one prompt per request)")
-        row = {"custom_id": custom_id, "text": prompt, "messages": [{"role": "user", "content": prompt}]}
-        return custom_id, row, _sampling(body), set(body) - {"prompt", *_SAMPLING_KEYS, *_IGNORED}
+        if body.get("logprobs") or body.get("response_format") is not None:
+            raise ValueError("body.logprobs and body.response_format: only for /v1/chat/completions requests")
+        sampling = _sampling(body)
+        row = {"custom_id": custom_id, "text": prompt, "messages": [{"role": "user", "content": prompt}],
+               SAMPLING_FIELD: sampling}
+        return custom_id, row, sampling, set(body) - {"prompt", *_SAMPLING_KEYS, *_IGNORED}
     messages = _messages(body)
     user_turns = [m["content"] for m in messages if m["role"] == "user"]
-    row = {"custom_id": custom_id, "text": user_turns[-1] if user_turns else "", "messages": messages}
-    ignored = set(body) - {"messages", "max_completion_tokens", *_SAMPLING_KEYS, *_IGNORED}
-    return custom_id, row, _sampling(body), ignored
+    sampling = _sampling(body)
+    row = {"custom_id": custom_id, "text": user_turns[-1] if user_turns else "", "messages": messages,
+           SAMPLING_FIELD: sampling}
+    ignored = set(body) - {"messages", *_SAMPLING_KEYS, *_IGNORED}
+    return custom_id, row, sampling, ignored
 
 
 def _read_lines(url: str, compression: str | None, storage_options: dict[str, Any]) -> list[str]:
@@ -162,23 +209,6 @@ def _remove_stale(target: str, keep: set[str], storage_options: dict[str, Any]) 
     for old in with_retries(lambda: fs.glob(path.rstrip("/") + "/requests-*.jsonl"), what=f"list {target}"):
         if old not in keep_paths:
             fs.rm_file(old)
-
-
-def _shared_sampling(seen: list[dict[str, Any]], default_max_tokens: int) -> tuple[dict[str, Any], list[str]]:
-    shared: dict[str, Any] = {}
-    warnings = []
-    for key in _SAMPLING_KEYS:
-        values = {json.dumps(s.get(key), sort_keys=True) for s in seen}
-        if len(values) == 1:
-            value = json.loads(values.pop())
-            if value is not None:
-                shared[key] = value
-        elif key == "max_tokens":
-            shared[key] = max(s.get(key) or default_max_tokens for s in seen)
-            warnings.append(f"requests ask for different max_tokens; every request may generate up to {shared[key]}")
-        else:
-            warnings.append(f"requests set different {key} values; using the spec's [sampling] {key} for all")
-    return shared, warnings
 
 
 def convert_requests(
@@ -231,10 +261,10 @@ def convert_requests(
         if text:
             _write_if_changed(url, text, out_options)
     _remove_stale(target, {url for url, text in converted if text}, out_options)
-    shared, warnings = _shared_sampling(seen, default_max_tokens)
+    warnings = []
     if ignored:
         warnings.append(f"request body fields ignored: {', '.join(sorted(ignored))}")
     for warning in warnings:
         log.warning("%s", warning)
-    return Conversion(url=target, requests=len(seen), sampling=shared, warnings=warnings,
+    return Conversion(url=target, requests=len(seen), sampling={}, warnings=warnings,
                       completions=True in kinds)

@@ -26,15 +26,8 @@ class RowInputError(ValueError):
 
 
 def make_params(values: dict[str, Any]) -> SamplingParams:
-    """SamplingParams from plain data; ``structured_output`` may be given as a dict."""
-    values = dict(values)
-    structured = values.pop("structured_output", None)
-    params = SamplingParams.from_dict(values)
-    if structured:
-        from engine import StructuredOutput
-
-        params.structured_output = StructuredOutput(**structured)
-    return params
+    """SamplingParams from plain data (``structured_output`` given as a dict)."""
+    return SamplingParams.from_dict(values)
 
 
 @dataclass

@@ -4,6 +4,7 @@ summarize run on the default model), OpenAI batch round trip, the evaluation rep
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -181,14 +182,14 @@ def test_openai_batch_round_trip(tmp_path: Path, tiny_model_dir: Path) -> None:
     write_jsonl(tmp_path / "in/batch.jsonl", lines)
     spec = tiny_spec(tmp_path, tiny_model_dir, kind="openai_batch", sampling={"max_tokens": 50, "ignore_eos": True})
     plan = spec.to_plan("ob")
-    assert plan.sampling["max_tokens"] == 3 and plan.openai_output  # shared by every request
+    assert plan.sampling["max_tokens"] == 50 and plan.sampling_field == "sampling" and plan.openai_output
     manifest = run(spec, job_id="ob")
     assert manifest["status"] == "succeeded"
     out = [json.loads(x) for x in (tmp_path / "out/output.jsonl").read_text().splitlines()]
     assert [x["custom_id"] for x in out] == [f"req-{i}" for i in range(4)]
     for x in out:
         assert x["error"] is None and x["response"]["status_code"] == 200 and x["id"].startswith("batch_req_")
-        body = x["response"]["body"]
+        body = x["response"]["body"]  # each line's max_tokens (3) over the spec's 50
         assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == 3
         assert body["choices"][0]["message"]["role"] == "assistant"
     table = read_parts(str(tmp_path / "out"))
@@ -207,7 +208,7 @@ def test_openai_batch_input_validated_up_front(tmp_path: Path) -> None:
         {**batch_line("d", "x"), "method": "GET"},
         {"custom_id": "e", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}},
         "{not json",
-        batch_line("g", "x", n=3),
+        batch_line("g", "x", n=0),
     ]
     write_jsonl(tmp_path / "in/batch.jsonl", bad)
     with pytest.raises(OpenAIBatchError) as info:
@@ -216,21 +217,44 @@ def test_openai_batch_input_validated_up_front(tmp_path: Path) -> None:
     assert "6 invalid request(s)" in message
     for expected in ("line 2: custom_id 'a' repeats batch.jsonl line 1", "line 3: url must be /v1/chat/completions",
                      "line 4: method must be POST", "line 5: body.messages must be a non-empty list",
-                     "line 6: not JSON", "line 7: body.n: only one choice"):
+                     "line 6: not JSON", "line 7: body: n must be an integer >= 1, got 0"):
         assert expected in message
     assert not (tmp_path / "out").exists()  # nothing written
 
 
-def test_openai_batch_mixed_sampling(tmp_path: Path) -> None:
-    write_jsonl(tmp_path / "in/b.jsonl", [batch_line("a", "x", max_tokens=5, temperature=0.2, tools=[]),
-                                          batch_line("b", "y", max_tokens=9, temperature=0.7)])
+def test_openai_batch_per_line_sampling(tmp_path: Path) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    write_jsonl(tmp_path / "in/b.jsonl", [
+        batch_line("a", "x", max_tokens=5, temperature=0.2, tools=[]),
+        batch_line("b", "y", max_completion_tokens=9, temperature=0.7, top_p=0.5, seed=3, stop="\n", n=2,
+                   logprobs=True, top_logprobs=4, response_format={"type": "json_schema",
+                                                                   "json_schema": {"name": "s", "schema": schema}}),
+        batch_line("c", "z", logprobs=True, response_format={"type": "json_object"}),
+    ])
     converted = convert_requests(str(tmp_path / "in"), str(tmp_path / "out"), default_max_tokens=16)
-    assert converted.sampling == {"max_tokens": 9} and converted.requests == 2
-    assert any("different temperature" in w for w in converted.warnings)
+    assert converted.sampling == {} and converted.requests == 3
     assert any("ignored: tools" in w for w in converted.warnings)
     (converted_file,) = (tmp_path / "out/_requests").glob("requests-*.jsonl")
     rows = [json.loads(x) for x in converted_file.read_text().splitlines()]
-    assert rows[0] == {"custom_id": "a", "text": "x", "messages": [{"role": "user", "content": "x"}]}
+    assert rows[0] == {"custom_id": "a", "text": "x", "messages": [{"role": "user", "content": "x"}],
+                       "sampling": {"max_tokens": 5, "temperature": 0.2}}
+    assert rows[1]["sampling"] == {"max_tokens": 9, "temperature": 0.7, "top_p": 0.5, "seed": 3, "stop": ["\n"],
+                                   "n": 2, "logprobs": 4, "structured_output": {"json": schema}}
+    assert rows[2]["sampling"] == {"logprobs": 0, "structured_output": {"json_object": True}}
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"top_logprobs": 3}, "body.top_logprobs needs body.logprobs = true"),
+    ({"logprobs": True, "top_logprobs": 21}, "body.top_logprobs must be an integer from 0 to 20, got 21"),
+    ({"response_format": {"type": "xml"}}, "body.response_format.type must be text, json_object or json_schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "body.response_format.json_schema.schema must be a JSON object"),
+    ({"temperature": -1}, "body: temperature must be a number >= 0, got -1"),
+])
+def test_openai_batch_bad_sampling_lines(tmp_path: Path, body: dict[str, Any], message: str) -> None:
+    write_jsonl(tmp_path / "in/b.jsonl", [batch_line("a", "x", **body)])
+    with pytest.raises(OpenAIBatchError, match=re.escape(f"b.jsonl line 1: {message}")):
+        convert_requests(str(tmp_path / "in"), str(tmp_path / "out"))
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """Kind ``openai_batch``: an OpenAI Batch API input file in, batch output lines out.
 
 The request file is converted into plain rows first (see ``jobs.openai_requests``): the
-custom_id becomes the row id and each row carries its own messages.
+custom_id becomes the row id and each row carries its own messages and sampling settings.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from jobs.kinds.base import few_shot_turns
-from jobs.openai_requests import convert_requests
+from jobs.openai_requests import SAMPLING_FIELD, convert_requests
 from jobs.secrets import reveal
 from pipeline.plan import PromptPlan
 
@@ -28,7 +28,7 @@ def check(spec: JobSpec) -> None:
 
 def plan_fields(spec: JobSpec) -> dict[str, Any]:
     """Converts the request file (I/O) and takes sampling settings shared by every request."""
-    sampling = spec.sampling.model_dump()
+    sampling = spec.sampling.plan_values()
     in_options, out_options = reveal(spec.input.storage_options), spec.output_storage_options()
     converted = convert_requests(
         spec.input.full_url, spec.output.url, in_options,
@@ -42,6 +42,7 @@ def plan_fields(spec: JobSpec) -> dict[str, Any]:
         "id_field": "custom_id",
         "text_field": "text",
         "sampling": sampling,
+        "sampling_field": SAMPLING_FIELD,  # each line's own settings, over [sampling]
         "prompt": PromptPlan(system=spec.prompt.system or "", messages_field="messages",
                              few_shot=few_shot_turns(spec), raw_prompt=converted.completions),
     }
