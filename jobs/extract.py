@@ -59,7 +59,7 @@ def extract_row(row: dict[str, Any], record_fields: dict[str, Any], options: dic
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise RowRejected(f"output is not valid JSON{cut}: {exc.msg} at character {exc.pos}") from None
+        raise RowRejected(f"output is not valid JSON{cut}: {exc.msg}: character {exc.pos}") from None
     error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(options["schema"]).iter_errors(value))
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "the top level"
