@@ -99,7 +99,7 @@ class Scorer:
                 from pipeline.row_requests import RowInputError
 
                 raise RowInputError(f"row {row}: choice {choice!r} adds no tokens to the context")
-            subs.append(SubRequest(ctx_ids + cont, self._params(len(ctx_ids)), scored_from=len(ctx_ids)))
+            subs.append(SubRequest(ctx_ids + cont, self._params(len(ctx_ids)), scored_from=len(ctx_ids), label=choice))
         return subs
 
     def _document(self, fields: dict[str, Any], row: int) -> SubRequest:
@@ -125,5 +125,6 @@ class Scorer:
             tokens = len(group.subs[0].token_ids) - 1
             nll = -sums[0]
             return {"nll": nll, "tokens": tokens, "perplexity": math.exp(nll / tokens)}
-        return {"choice_logprobs": sums,
+        best = max(range(len(sums)), key=sums.__getitem__)
+        return {"output": group.subs[best].label, "choice_logprobs": sums,
                 "choice_tokens": [len(s.token_ids) - (s.scored_from or 0) for s in group.subs]}

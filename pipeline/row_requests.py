@@ -37,6 +37,7 @@ class SubRequest:
     token_ids: list[int]
     params: SamplingParams
     scored_from: int | None = None
+    label: str | None = None  # the answer choice this request scores
 
 
 @dataclass
