@@ -4,7 +4,7 @@ Each row's 8 choices are 8 requests with the same context (few-shot examples + t
 question, in the chat template); with prefix sharing the context's full KV blocks are
 computed once per row (and the few-shot blocks once for the whole set), without it every
 choice recomputes them. Rows are the 24 questions of ``examples/data/mmlu_style.jsonl``,
-each with its 4 choices plus the 4 of the next question (gold stays the same), behind
+each with its 4 choices plus 4 from the next questions (gold stays the same), behind
 ``--shots`` worked examples. Both modes run the same job through ``run_embedded`` on a
 fresh, warmed engine; the per-choice scores must agree between the modes.
 
@@ -39,8 +39,12 @@ def write_rows(path: Path) -> list[dict]:
     base = [json.loads(line) for line in (REPO / "examples/data/mmlu_style.jsonl").read_text().splitlines()]
     rows = []
     for i, row in enumerate(base):
-        extra = base[(i + 1) % len(base)]["choices"]
-        rows.append({**row, "choices": row["choices"] + [c for c in extra if c not in row["choices"]][:4]})
+        choices = list(row["choices"])
+        for step in range(1, len(base)):  # distractors: the next questions' choices, no repeats
+            choices += [c for c in base[(i + step) % len(base)]["choices"] if c not in choices][: 8 - len(choices)]
+            if len(choices) == 8:
+                break
+        rows.append({**row, "choices": choices})
     assert all(len(r["choices"]) == 8 for r in rows)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return rows
