@@ -151,9 +151,9 @@ def test_evaluate_with_n_samples(tmp_path: Path) -> None:
 
 
 def test_openai_batch_n_logprobs_response_format(tmp_path: Path) -> None:
-    lines = [json.loads(line) for line in (REPO / "examples/data/batch_features.jsonl").read_text().splitlines()]
-    lines[4]["body"]["max_tokens"] = 8  # json_object: only the shape is checked, keep it short
-    write_jsonl(tmp_path / "batch.jsonl", lines)
+    requests = [json.loads(line) for line in (REPO / "examples/data/batch_features.jsonl").read_text().splitlines()]
+    requests[4]["body"]["max_tokens"] = 8  # json_object: only the shape is checked, keep it short
+    write_jsonl(tmp_path / "batch.jsonl", requests)
     spec = example_spec("openai_batch_features.toml", tmp_path, input={"url": "batch.jsonl"})
     manifest = run(spec, progress=False)
     assert manifest["status"] == "succeeded"
@@ -173,5 +173,6 @@ def test_openai_batch_n_logprobs_response_format(tmp_path: Path) -> None:
     assert "".join(e["token"] for e in content).startswith(choice["message"]["content"])
     place = bodies["json-schema"]["choices"][0]
     assert place["finish_reason"] == "stop"
-    jsonschema.validate(json.loads(place["message"]["content"]), lines[3]["body"]["response_format"]["json_schema"]["schema"])
+    schema = requests[3]["body"]["response_format"]["json_schema"]["schema"]
+    jsonschema.validate(json.loads(place["message"]["content"]), schema)
     assert bodies["json-object"]["choices"][0]["message"]["content"].startswith("{")
