@@ -57,6 +57,19 @@ def _fmt(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def _loglikelihood_lines(summary: dict[str, Any]) -> list[str]:
+    """acc / acc_norm with their bootstrap standard errors (method loglikelihood), pass@k (n samples)."""
+    lines = []
+    for name in ("acc", "acc_norm"):
+        if summary.get(name) is not None:
+            lines.append(f"- {name}: {summary[name]:.4f} ± {_fmt(summary.get(name + '_stderr'))} (bootstrap s.e.)")
+    for k, value in (summary.get("pass_at_k") or {}).items():
+        lines.append(f"- pass@{k}: {value:.4f}")
+    if summary.get("majority_accuracy") is not None:
+        lines.append(f"- majority-vote accuracy: {summary['majority_accuracy']:.4f}")
+    return lines
+
+
 def render_markdown(manifest: dict[str, Any], chart: bool) -> str:
     summary = manifest.get("summary") or {}
     stats = manifest.get("engine_stats") or {}
@@ -69,6 +82,7 @@ def render_markdown(manifest: dict[str, Any], chart: bool) -> str:
         f"- input: `{manifest.get('input_url')}`",
         f"- scoring: `{summary.get('method', 'n/a')}`",
         f"- **accuracy: {accuracy:.2%}**" if accuracy is not None else "- accuracy: n/a (nothing scored)",
+        *_loglikelihood_lines(summary),
         "",
         "| rows | scored | correct | incorrect | errors | output tokens/s | prefix-cache hit tokens |",
         "|---:|---:|---:|---:|---:|---:|---:|",
