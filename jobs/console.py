@@ -58,6 +58,14 @@ def run_summary(manifest: dict[str, Any]) -> Table:
     summary = manifest.get("summary") or {}
     if summary.get("accuracy") is not None:
         table.add_row("accuracy", f"{summary['accuracy']:.1%} ({summary['correct']}/{summary['scored']} scored)")
+    if summary.get("acc_norm") is not None:
+        table.add_row("acc_norm", f"{summary['acc_norm']:.1%} (± {summary.get('acc_norm_stderr')} bootstrap s.e.)")
+    if summary.get("pass_at_k"):
+        table.add_row("pass@k", ", ".join(f"pass@{k} {v:.1%}" for k, v in summary["pass_at_k"].items()))
+    if summary.get("perplexity") is not None:
+        table.add_row("corpus perplexity", f"{summary['perplexity']:.3f} ({summary['tokens']:,} tokens)")
+    if summary.get("valid") is not None:
+        table.add_row("valid outputs", f"{summary['valid']}/{summary['rows']}")
     for shard in manifest.get("shards", []):
         if shard["status"] == "failed":
             table.add_row(f"shard {shard['index']} failed", f"[red]{shard.get('reason')}[/]")
