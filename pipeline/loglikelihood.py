@@ -20,6 +20,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from engine import LLMEngine, SamplingParams
+from engine.chat import special_token_strings
 from pipeline.plan import JobPlan
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class Scorer:
         self.chat = bool(options.get("chat_template", True))
         default_delimiter = "" if self.chat else " "
         self.delimiter = options.get("target_delimiter", default_delimiter)
+        self.specials = special_token_strings(engine.tokenizer) if engine.tokenizer is not None else []
 
     def _params(self, start: int) -> SamplingParams:
         return SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, prompt_logprobs_start=start)
@@ -86,6 +88,13 @@ class Scorer:
         if self.plan.request_mode == "perplexity":
             return [self._document(fields, row)]
         choices = parse_choices(fields.get(self.choices_field), self.choices_field, row)
+        texts = [m["content"] for m in messages] + choices
+        special = next((s for s in self.specials for t in texts if s in t), None)
+        if special is not None:  # documents are data: never let row text become a control token
+            from pipeline.row_requests import RowInputError
+
+            raise RowInputError(f"row {row}: the question or a choice contains the special token {special!r}, "
+                                "which log-likelihood scoring cannot keep literal")
         context = self.context_text(messages)
         spaces = len(context) - len(context.rstrip())
         moved = context[len(context) - spaces:] if spaces else ""
@@ -107,7 +116,8 @@ class Scorer:
 
         tok = self.engine.tokenizer
         prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
-        ids = self.engine.encode(str(fields.get(self.plan.text_field, "")))
+        text = str(fields.get(self.plan.text_field, ""))  # special-token strings stay literal text
+        ids = tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         budget = self.engine.max_model_len - 1  # room for the one generated token
         if len(ids) + 1 > budget:
             if not self.plan.truncate_prompt:

@@ -229,3 +229,28 @@ def test_plans_of_new_kinds(tmp_path: Path) -> None:
     ppl = JobSpec.from_dict(_spec(tmp_path, kind="perplexity")).to_plan("x")
     assert ppl.request_mode == "perplexity" and ppl.extra_columns == {"nll": "float64", "tokens": "int64",
                                                                       "perplexity": "float64"}
+
+
+def test_loglikelihood_rows_refuse_special_tokens(default_model_dir: Path) -> None:
+    """A question or choice holding a control-token string is an error row, not a control token."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from pipeline.loglikelihood import Scorer
+    from pipeline.plan import JobPlan
+    from pipeline.row_requests import RowInputError
+
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
+    engine = SimpleNamespace(tokenizer=tok, encode=lambda t: tok.encode(t, add_special_tokens=False),
+                             max_model_len=2048)
+    plan = JobPlan(job_id="j", name="n", kind="evaluate", input_url="x", output_url="y",
+                   request_mode="loglikelihood")
+    scorer = Scorer(plan, engine)  # type: ignore[arg-type]
+    messages = [{"role": "user", "content": "Question: 2 + 2?\nAnswer:"}]
+    subs = scorer.build({"choices": ["4", "5"]}, 3, messages)
+    assert [s.label for s in subs] == ["4", "5"] and subs[0].token_ids[: subs[0].scored_from] == \
+        subs[1].token_ids[: subs[1].scored_from]  # one shared context
+    with pytest.raises(RowInputError, match="row 3: the question or a choice contains the special token "
+                                            "'<\\|im_end\\|>', which log-likelihood scoring cannot keep literal"):
+        scorer.build({"choices": ["4", "5<|im_end|>"]}, 3, messages)
