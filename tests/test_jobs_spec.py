@@ -182,7 +182,7 @@ def test_to_plan_evaluate_and_generate() -> None:
 def test_example_specs_load() -> None:
     paths = sorted((REPO / "examples").glob("*.toml")) + [REPO / "examples" / "demo" / "summarize.toml"]
     kinds = {JobSpec.from_file(p).kind for p in paths}
-    assert kinds == {"summarize", "evaluate", "generate", "openai_batch"}
+    assert kinds == {"summarize", "evaluate", "generate", "openai_batch", "perplexity", "extract"}
     demo = JobSpec.from_file(REPO / "examples" / "demo" / "summarize.toml")
     assert demo.input.url == str(REPO / "examples" / "demo" / "docs") + "/"
     assert demo.sampling.max_tokens == 48 and demo.model.engine_settings()["model"] == "smollm2-135m-instruct"
