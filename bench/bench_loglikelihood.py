@@ -8,7 +8,7 @@ each with its 4 choices plus 4 from the next questions (gold stays the same), be
 ``--shots`` worked examples. Both modes run the same job through ``run_embedded`` on a
 fresh, warmed engine; the per-choice scores must agree between the modes.
 
-    .venv/bin/python bench/bench_loglikelihood.py --shots 5 --repeats 2
+    .venv/bin/python bench/bench_loglikelihood.py --shots 3 --repeats 2 --threads 2
 """
 
 from __future__ import annotations
