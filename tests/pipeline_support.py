@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -102,3 +103,14 @@ def write_uniform_shards(put: Put, count: int, rows: int, prefix: str = "", word
         put(f"{prefix}shard-{s:03d}.jsonl", jsonl_bytes(shard))
         ids += [x["id"] for x in shard]
     return ids
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.25) -> Any:
+    """Poll ``predicate`` until it returns something truthy; a named TimeoutError otherwise."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import httpx2 as httpx  # the HTTP client the openai package ships with
 import pytest
 import redis
 from pipeline_support import tiny_engine
+from pipeline_support import wait_until as wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 REDIS_BROKER = "redis://127.0.0.1:6379/0"
@@ -35,15 +35,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
 @dataclass

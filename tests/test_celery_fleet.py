@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from pipeline_support import (
     local_put,
     make_plan,
     tiny_engine,
+    wait_until,
     write_mixed_inputs,
     write_uniform_shards,
 )
@@ -54,15 +55,6 @@ def _require(port: int, what: str) -> None:
             pytest.fail(message)  # never silently skipped in CI
         pytest.skip(message)
 
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
 @dataclass

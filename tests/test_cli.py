@@ -12,15 +12,14 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from pipeline_support import jsonl_bytes, tiny_engine
+from pipeline_support import jsonl_bytes, tiny_engine, wait_until
 from typer.testing import CliRunner
 
 from connectors import read_parts
@@ -136,15 +135,6 @@ def test_help_lists_commands() -> None:
 
 # ---- the fleet: worker, submit, status, cancel, beat ---------------------------------------------
 
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.3) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
 def stop(proc: subprocess.Popen) -> None:
