@@ -8,6 +8,7 @@ number of output tokens.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -25,6 +26,7 @@ SKIP = ("antigravity", "this", "idlelib", "tkinter", "turtle", "test", "lib2to3"
 class Workload:
     prompts: list[list[int]]
     max_tokens: list[int]
+    shared_prefix: int = 0  # tokens every prompt starts with (the few-shot examples)
 
     @property
     def prompt_tokens(self) -> int:
@@ -71,3 +73,41 @@ def build(tokenizer, num_requests: int = 64, seed: int = 0, min_prompt: int = 10
     if len(prompts) < num_requests:
         raise RuntimeError(f"only {len(prompts)} documents fit the prompt length range")
     return Workload(prompts, budgets)
+
+
+FEWSHOT_HEADER = "Each passage below comes from the Python standard library documentation. Name the function or class it documents.\n\n"
+
+
+def _passage(tokenizer, doc: str, max_tokens: int) -> tuple[str, list[int]]:
+    """The docstring body (name line dropped) cut to ``max_tokens`` tokens."""
+    name, _, body = doc.partition("\n\n")
+    ids = tokenizer.encode(body, add_special_tokens=False)[:max_tokens]
+    return name, ids
+
+
+def build_fewshot(tokenizer, num_questions: int = 48, shots: int = 8, seed: int = 0) -> Workload:
+    """An 8-shot evaluation set: every prompt is the same header and ``shots`` worked examples
+    (about 700 tokens), then one question, 750-850 tokens in all; answers are 8-32 tokens.
+
+    Prompts are concatenated token ids, so the shared part is token-identical in every prompt
+    (what a prefix cache can serve), whatever the tokenizer would merge at the seams."""
+    rng = random.Random(seed + 1)
+    docs = _docstrings()
+    rng.shuffle(docs)
+    enc = functools.partial(tokenizer.encode, add_special_tokens=False)
+    prefix = enc(FEWSHOT_HEADER)
+    for doc in docs[:shots]:
+        name, ids = _passage(tokenizer, doc, 78)
+        prefix += enc("Passage: ") + ids + enc(f"\nAnswer: {name}\n\n")
+    prompts, budgets = [], []
+    for doc in docs[shots:]:
+        head, tail = prefix + enc("Passage: "), enc("\nAnswer:")
+        want = rng.randint(750, 850) - len(head) - len(tail)
+        name, ids = _passage(tokenizer, doc, want)
+        if len(ids) < want:
+            continue
+        prompts.append(head + ids + tail)
+        budgets.append(rng.randint(8, 32))
+        if len(prompts) == num_questions:
+            break
+    return Workload(prompts, budgets, shared_prefix=len(prefix))

@@ -15,6 +15,7 @@ from engine.chat import chat_token_ids
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.cuda_profile import profile_cuda_blocks
+from engine.detokenizer import StopStringMatcher
 from engine.device_features import announce, choose_features
 from engine.host import tune_for_cpu
 from engine.kv_cache import allocate_kv_pool, blocks_from_budget, bytes_per_block
@@ -53,6 +54,7 @@ class LLMEngine:
         if config.compile:
             self.model = torch.compile(self.model, dynamic=True)
         self.tokenizer = load_tokenizer(self.model_dir)
+        self.stop_matcher = StopStringMatcher(self.tokenizer) if self.tokenizer is not None else None
         self.eos_token_ids = eos_token_ids(self.model_dir, self.tokenizer)
         features = choose_features(device, config.attention_backend, config.enforce_eager, config.num_kv_blocks)
         announce(features)
@@ -183,6 +185,7 @@ class LLMEngine:
         state = self.requests.pop(request_id, None)
         if state is not None:
             for seq in state.seqs:
+                self._forget_text(seq)
                 if not seq.is_finished:
                     self.scheduler.abort(seq)
 
@@ -221,7 +224,7 @@ class LLMEngine:
                 seqs[i].cumulative_logprob += entry[token].logprob
         for seq, token in zip(seqs, tokens, strict=True):
             seq.token_ids.append(token)
-            reason = finish_reason(seq, token, self.eos_token_ids, self.tokenizer, self.max_model_len)
+            reason = finish_reason(seq, token, self.eos_token_ids, self.tokenizer, self.max_model_len, self.stop_matcher)
             if reason is not None:
                 self._finish_seq(seq, reason, finished)
         self.stats_tracker.decode_tokens += len(tokens)
@@ -254,6 +257,7 @@ class LLMEngine:
 
     def _finish_seq(self, seq: Sequence, reason: str, finished: list[RequestOutput]) -> None:
         self.scheduler.finish(seq, reason)
+        self._forget_text(seq)
         state = self.requests[seq.request_id]
         state.num_finished += 1
         if state.finished:
@@ -294,11 +298,16 @@ class LLMEngine:
             kept.append((seq, n))
         return kept, StepLogits.merge(parts)
 
+    def _forget_text(self, seq: Sequence) -> None:
+        if self.stop_matcher is not None:
+            self.stop_matcher.forget(seq)
+
     def _fail(self, seq: Sequence, error: Exception, finished: list[RequestOutput]) -> None:
         """Fail the whole request (all its samples) with the error."""
         state = self.requests.pop(seq.request_id)
         state.error = f"request {seq.request_id}: engine step failed: {type(error).__name__}: {error}"
         for s in state.seqs:
+            self._forget_text(s)
             if not s.is_finished:
                 self.scheduler.abort(s, "error")
         finished.append(self._build_output(state))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
+from engine.models.linear import pack_linears
 from engine.models.llama import LlamaForCausalLM, RotaryEmbedding
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
@@ -134,7 +136,10 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: 
     missing = sorted(_checkpoint_name(k) for k in expected - loaded)
     if missing or unexpected or wrong_shape:
         raise ValueError(_mismatch_message(model_dir, missing, unexpected, wrong_shape))
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    if device == "cpu" and os.environ.get("TOKENMILL_PACK_WEIGHTS", "1") != "0":
+        pack_linears(model)  # oneDNN layout, once (engine/models/linear.py)
+    return model
 
 
 def load_tokenizer(model_dir: Path):

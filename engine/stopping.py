@@ -7,8 +7,11 @@ from typing import Any
 from engine.sequence import Sequence
 
 
-def finish_reason(seq: Sequence, token: int, eos_token_ids: set[int], tokenizer: Any, max_model_len: int) -> str | None:
-    """Why the sequence stops after ``token``, or None. A grammar that is complete stops it too."""
+def finish_reason(
+    seq: Sequence, token: int, eos_token_ids: set[int], tokenizer: Any, max_model_len: int, stop_matcher: Any = None,
+) -> str | None:
+    """Why the sequence stops after ``token``, or None. A grammar that is complete stops it too.
+    With a ``StopStringMatcher`` (engine/detokenizer.py) stop strings are matched incrementally."""
     p = seq.params
     if seq.matcher is not None:
         if not seq.matcher.accept_token(token):
@@ -20,7 +23,12 @@ def finish_reason(seq: Sequence, token: int, eos_token_ids: set[int], tokenizer:
         return "stop"
     if token in p.stop_token_ids:
         return "stop"
-    if p.stop and tokenizer is not None:
+    if p.stop and stop_matcher is not None:
+        cut = stop_matcher.find(seq, p.stop)
+        if cut is not None:
+            seq.stop_text_end = cut
+            return "stop"
+    elif p.stop and tokenizer is not None:
         text = tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
         cut = min((i for i in (text.find(s) for s in p.stop) if i >= 0), default=-1)
         if cut >= 0:

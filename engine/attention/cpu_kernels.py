@@ -77,18 +77,20 @@ def load() -> ctypes.CDLL | None:
     except (OSError, RuntimeError) as exc:
         log.warning("cannot build the CPU decode kernel, falling back to torch ops: %s", exc)
         return None
-    fn = lib.paged_decode_f32
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, i64]
-    fn.restype = ctypes.c_int
+    for fn in (lib.paged_decode_f32, lib.paged_decode_bf16):
+        fn.argtypes = [p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, i64]
+        fn.restype = ctypes.c_int
     return lib
 
 
 class PagedDecodeKernel:
     """``kernel(q, k_cache, v_cache, tables, seq_lens, seq_lens_host, scale) -> out``."""
 
+    KV_DTYPES = (torch.float32, torch.bfloat16)
+
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self.fn = lib.paged_decode_f32
+        self.fns = {torch.float32: lib.paged_decode_f32, torch.bfloat16: lib.paged_decode_bf16}
         self._pool: ThreadPoolExecutor | None = None
 
     def _executor(self, threads: int) -> ThreadPoolExecutor:
@@ -123,7 +125,9 @@ class PagedDecodeKernel:
     ) -> torch.Tensor:
         n, num_heads, head_dim = q.shape
         num_kv_heads, num_blocks, block_size, _ = k_cache.shape
-        assert k_cache.dtype == v_cache.dtype == torch.float32 and k_cache.is_contiguous() and v_cache.is_contiguous()
+        assert k_cache.dtype == v_cache.dtype and k_cache.dtype in self.KV_DTYPES
+        assert k_cache.is_contiguous() and v_cache.is_contiguous()
+        fn = self.fns[k_cache.dtype]
         q32 = q.to(torch.float32).contiguous()
         tables = tables.to(torch.int32)
         if tables.stride(-1) != 1:
@@ -136,8 +140,8 @@ class PagedDecodeKernel:
         costs = [length for length in seq_lens_host for _ in range(num_kv_heads)]
         ranges = self.split(costs, max(1, torch.get_num_threads()))
         # The calling thread takes the first range itself: one handoff fewer per layer.
-        others = [self._executor(len(ranges) - 1).submit(self.fn, *args, *r) for r in ranges[1:]]
-        codes = [self.fn(*args, *ranges[0])] + [f.result() for f in others]
+        others = [self._executor(len(ranges) - 1).submit(fn, *args, *r) for r in ranges[1:]]
+        codes = [fn(*args, *ranges[0])] + [f.result() for f in others]
         if any(c < 0 for c in codes):
             raise MemoryError("CPU decode kernel could not allocate its score buffer")
         if any(codes):

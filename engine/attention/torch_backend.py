@@ -49,8 +49,11 @@ class TorchAttentionBackend(AttentionBackend):
         return (num_kv_heads, num_blocks, block_size, head_dim)
 
     def kv_cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
-        """float32 on the CPU whatever the model dtype: the compiled decode attention reads
-        16-bit keys several times slower than 32-bit ones here, and KV memory is cheap on a host."""
+        """bfloat16 models keep a bfloat16 cache where the C kernel runs (it widens each key
+        as it reads it: half the bytes per decode step); everything else is float32, since
+        the compiled torch decode reads 16-bit keys several times slower than 32-bit ones."""
+        if model_dtype == torch.bfloat16 and self.kernel is not None:
+            return torch.bfloat16
         return torch.float32
 
     def write_kv(self, key, value, k_cache, v_cache, meta: AttentionMetadata) -> None:
@@ -86,7 +89,7 @@ class TorchAttentionBackend(AttentionBackend):
             v = v_cache.index_select(1, blocks).view(h, -1, d)[:, :seq_len]
             mask = torch.ones(q.shape[0], seq_len, dtype=torch.bool, device=q.device).tril(diagonal=ctx)
             causal = False
-            q = q.to(k.dtype)
+            q, k, v = q.float(), k.float(), v.float()  # CPU SDPA: float32 is the fast one
         o = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
             attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True,
@@ -95,7 +98,7 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _decode(self, q, k_cache, v_cache, meta, scale, out) -> None:
         nd = meta.num_decodes
-        if self.kernel is not None and q.device.type == "cpu" and k_cache.dtype == torch.float32:
+        if self.kernel is not None and q.device.type == "cpu" and k_cache.dtype in self.kernel.KV_DTYPES:
             out.copy_(self.kernel(q, k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
                                   meta.seq_lens_host[:nd], scale))
             return

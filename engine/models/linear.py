@@ -1,10 +1,15 @@
-"""A Linear layer that picks the faster orientation of the product on the CPU.
+"""A Linear layer whose weight is prepacked once into oneDNN's blocked layout on the CPU.
 
-MKL computes ``x @ W.T`` markedly slower than the same product as ``W @ x.T`` when ``x`` has
-few rows, and a decode step in the long tail of a batch job is exactly that shape. Measured
-on this project's 2-core machines (float32, ``bench`` shapes of SmolLM2): at 18 rows the MLP
-projection takes 0.80 vs 0.97 ms, at 64 rows 1.51 vs 2.03 ms, and the 49,152-wide LM head at
-4 rows 5.7 vs 22 ms; from about 256 rows on the two are level, so prefill keeps ``F.linear``.
+MKL multiplies an unpacked weight every step, and the few-row products of a decode step in
+the long tail of a batch job sit well above their bandwidth bound that way (the LM head at 4
+rows: 3-7x). ``pack()`` reorders the weight once (``torch.ops.mkldnn._reorder_linear_weight``)
+and ``forward`` calls ``_linear_pointwise`` on it, the path vLLM's CPU backend takes through its
+own oneDNN helper. 16-bit weights are packed in bfloat16 where the CPU has native bf16 dot
+products (avx512_bf16 or AMX: oneDNN uses them at every row count), otherwise as a float32
+copy: without them torch's bf16 matmul was measured at about 1 GFLOP/s on an AVX2-only EPYC.
+
+Unpacked (no oneDNN, another device, or ``pack()`` not called) it falls back to choosing the
+faster orientation of the MKL product: ``W @ x.T`` up to 256 rows, ``F.linear`` beyond.
 """
 
 from __future__ import annotations
@@ -15,36 +20,62 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-WEIGHT_MAJOR_MAX_ROWS = 256  # float32: up to this many rows, W @ x.T is the faster product
-SMALL_BATCH_16BIT = 8  # 16-bit: up to this many rows a float32 copy of the weight beats bf16 kernels
+WEIGHT_MAJOR_MAX_ROWS = 256  # unpacked float32: up to this many rows, W @ x.T is the faster product
+PACK_ROWS_HINT = 64  # the row count oneDNN tunes the packed layout for (any count still works)
 
 
 @functools.cache
 def fast_16bit_gemm() -> bool:
-    """Whether this CPU has native bfloat16 matmuls (oneDNN with avx512_bf16 or AMX). Without
-    them torch falls back to a path measured here at about 1 GFLOP/s (AVX2-only EPYC), a
-    hundred times slower than float32, so 16-bit weights are multiplied as float32 copies."""
+    """Whether this CPU has native bfloat16 matmuls (oneDNN with avx512_bf16 or AMX)."""
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
 
 
-class Linear(nn.Linear):
-    """In 16-bit models a float32 copy of the weight serves the few-row products: CPU
-    bfloat16 kernels reach only a few GB/s there, far below the float32 path's bandwidth.
-    Beyond a few rows the native bfloat16 kernels win where the CPU has them (the reference
-    AVX-512 machine: twice the float32 FLOP rate); elsewhere every product uses the copy."""
+@functools.cache
+def can_pack() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
+
+def compute_dtype(weight_dtype: torch.dtype) -> torch.dtype:
+    """The dtype products of a model in ``weight_dtype`` run in on this CPU."""
+    if weight_dtype == torch.bfloat16 and fast_16bit_gemm():
+        return torch.bfloat16
+    return torch.float32
+
+
+class Linear(nn.Linear):
+    packed: torch.Tensor | None = None
+    packed_bias: torch.Tensor | None = None
     weight_f32: torch.Tensor | None = None
 
+    def pack(self) -> bool:
+        """Reorder the weight for oneDNN (a copy: the parameter itself is left as it is).
+        Returns False where the CPU build cannot; call again after changing the weight."""
+        self.packed = self.packed_bias = None
+        if not can_pack() or self.weight.device.type != "cpu":
+            return False
+        dtype = compute_dtype(self.weight.dtype)
+        w = self.weight.detach().to(dtype)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w, batch_size=PACK_ROWS_HINT)
+        self.packed_bias = None if self.bias is None else self.bias.detach().to(dtype)
+        return True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
         if x.dim() != 2 or x.device.type != "cpu":
             return F.linear(x, self.weight, self.bias)
-        weight = self.weight
+        if self.packed is not None:
+            out = torch.ops.mkldnn._linear_pointwise(
+                x.to(self.packed.dtype), self.packed, self.packed_bias, "none", [], ""
+            )
+            return out.to(x.dtype)
+        return self._unpacked(x)
+
+    def _unpacked(self, x: torch.Tensor) -> torch.Tensor:
+        rows, weight = x.shape[0], self.weight
         if weight.dtype != torch.float32:
-            if rows > SMALL_BATCH_16BIT and fast_16bit_gemm():
+            if compute_dtype(weight.dtype) != torch.float32:
                 return F.linear(x, weight, self.bias)
             if self.weight_f32 is None or self.weight_f32.shape != weight.shape:
                 self.weight_f32 = weight.detach().float()
@@ -55,3 +86,8 @@ class Linear(nn.Linear):
         cols = (x if rows > 1 else x.repeat(2, 1)).to(weight.dtype)  # one column takes the slow GEMV path
         out = torch.mm(weight, cols.t()).t()[:rows].to(x.dtype)
         return out + self.bias if self.bias is not None else out
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Prepack every ``Linear`` of a CPU model; returns how many were packed."""
+    return sum(m.pack() for m in model.modules() if isinstance(m, Linear))
