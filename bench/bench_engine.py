@@ -21,6 +21,7 @@ import gc
 import json
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -114,7 +115,7 @@ def new_engine(args, dtype: str, wl) -> LLM:
 
 def measure_dtype(args, dtype: str, wls: dict, model_dir: Path, rows: list, hold_log: list) -> dict:
     llm = new_engine(args, dtype, next(iter(wls.values())))
-    peer = peers.VllmPeer(args.vllm_launcher, model_dir, dtype, wls, Path(args.out) / "logs") if args.vllm else None
+    peer = peers.VllmPeer(args.vllm_launcher, model_dir, dtype, wls, Path(tempfile.gettempdir()) / "tokenmill-bench") if args.vllm else None
     phase = {"dtype": dtype, "vllm": peer.info if peer else None}
     try:
         with hold(args.hold, hold_log):
