@@ -96,7 +96,7 @@ def _s3_job(fleet: Fleet, s3_server, bucket: str, model_dir: Path, tag: str, row
     job_id = f"test-{tag}-{uuid.uuid4().hex[:8]}"
     _JOB_IDS.append(job_id)
     plan = make_plan(f"s3://{bucket}/{tag}/in/", f"s3://{bucket}/{tag}/out", model_dir, job_id=job_id,
-                     sampling={"max_tokens": 32, "temperature": 0.0, "ignore_eos": True})
+                     sampling={"max_tokens": 192, "temperature": 0.0, "ignore_eos": True})
     return plan, ids
 
 

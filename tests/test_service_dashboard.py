@@ -59,7 +59,7 @@ def test_dashboard_shows_a_job_run_to_completion_and_a_failed_shard(service_stac
             page.goto(f"{service_stack.url}/#key={key}")
             expect(page.locator("#health")).to_contain_text("fleet")
 
-            response = http.post("/v1/jobs", json=_spec("dash", good_in, tmp_path / "out", tiny_model_dir, 64))
+            response = http.post("/v1/jobs", json=_spec("dash", good_in, tmp_path / "out", tiny_model_dir, 384))
             assert response.status_code == 200, response.text
             job_id = response.json()["id"]
             row = page.locator(f'#jobs tr[data-job-id="{job_id}"]')
