@@ -25,12 +25,13 @@ from typing import Any
 import pytest
 import redis
 from pipeline_support import make_plan, write_uniform_shards
-from test_celery_fleet import (
+from test_celery_fleet import (  # _forget_job_state: autouse, forgets the ids in _JOB_IDS
+    _JOB_IDS,
     JOB_TIMEOUT,
     RABBIT_BROKER,
     REDIS_BROKER,
-    RESULT_BACKEND,
     Fleet,
+    _forget_job_state,  # noqa: F401
     _make_fleet,
     _require,
     wait_until,
@@ -38,19 +39,6 @@ from test_celery_fleet import (
 
 from connectors import read_parts
 from pipeline.fleet import job_status, wait_for_job
-
-_JOB_IDS: list[str] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _forget_job_state() -> Iterator[None]:
-    yield
-    try:
-        r = redis.Redis.from_url(RESULT_BACKEND)
-        for job_id in _JOB_IDS:
-            r.delete(*(f"tokenmill:job:{job_id}:{what}" for what in ("meta", "shards", "cancel")))
-    except redis.RedisError:
-        pass
 
 
 @pytest.fixture(scope="module")

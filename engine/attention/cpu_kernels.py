@@ -33,6 +33,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_paged_decode.c")
+BODY = SOURCE.with_name("cpu_paged_decode_body.h")  # included twice by SOURCE (float32, bfloat16 KV)
 FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-std=gnu11", "-shared", "-fPIC"]
 
 
@@ -68,7 +69,8 @@ def load() -> ctypes.CDLL | None:
         return None
     from engine.model_registry import cache_dir
 
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
+    sources = SOURCE.read_bytes() + BODY.read_bytes()
+    key = hashlib.sha256(sources + " ".join(FLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"paged_decode-{key}.so"
     try:
         if not target.is_file():
