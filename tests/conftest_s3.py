@@ -8,19 +8,23 @@ import pytest
 from s3_server import S3Server
 
 
-@pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
-    """One moto server for the whole session; tests isolate themselves with fresh buckets."""
+def _serving(server: S3Server) -> Iterator[S3Server]:
+    """Start a loopback S3 server under test credentials; stop it by PID afterwards."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
         mp.setenv("AWS_ACCESS_KEY_ID", "testing")
         mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        server = S3Server()
         server.start()
         try:
             yield server
         finally:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """One moto server for the whole session; tests isolate themselves with fresh buckets."""
+    yield from _serving(S3Server())
 
 
 @pytest.fixture
@@ -43,16 +47,7 @@ def seaweedfs_server() -> Iterator[S3Server]:
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        mp.setenv("AWS_ACCESS_KEY_ID", "testing")
-        mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        server = SeaweedServer()
-        server.start()
-        try:
-            yield server
-        finally:
-            server.stop()
+    yield from _serving(SeaweedServer())
 
 
 @pytest.fixture(params=["moto", "seaweedfs"])

@@ -15,12 +15,17 @@ def tiny(tiny_model_dir, **kw) -> LLM:
     return LLM(str(tiny_model_dir), **(dict(num_kv_blocks=128, max_num_seqs=16) | kw))
 
 
-def test_fork_shares_full_blocks_and_copies_the_partial_one():
-    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
+def _computed_parent_and_child(bm: BlockManager) -> tuple[Sequence, Sequence]:
+    """A 10-token parent whose prompt is computed, and its second sample, not yet forked."""
     parent = Sequence("r", list(range(10)), SamplingParams())
     assert bm.admit(parent, [], 10)
     parent.num_computed_tokens = 10
-    child = Sequence("r", list(range(10)), SamplingParams(), sample_index=1)
+    return parent, Sequence("r", list(range(10)), SamplingParams(), sample_index=1)
+
+
+def test_fork_shares_full_blocks_and_copies_the_partial_one():
+    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
+    parent, child = _computed_parent_and_child(bm)
     pair = bm.fork(parent, child)
     assert child.block_table[:2] == parent.block_table[:2]
     assert pair == (parent.block_table[2], child.block_table[2])
@@ -32,10 +37,7 @@ def test_fork_shares_full_blocks_and_copies_the_partial_one():
 
 def test_fork_without_a_free_block_recomputes_the_partial_tokens():
     bm = BlockManager(num_blocks=3, block_size=4, enable_prefix_caching=False)
-    parent = Sequence("r", list(range(10)), SamplingParams())
-    assert bm.admit(parent, [], 10)
-    parent.num_computed_tokens = 10
-    child = Sequence("r", list(range(10)), SamplingParams(), sample_index=1)
+    parent, child = _computed_parent_and_child(bm)
     assert bm.fork(parent, child) is None
     assert child.block_table == parent.block_table[:2] and child.num_computed_tokens == 8
 
