@@ -32,10 +32,9 @@ def choose_features(
     device: str, attention_backend: str, enforce_eager: bool | None, num_kv_blocks: int | None
 ) -> DeviceFeatures:
     """Pure decision from the settings: testable without a GPU."""
-    if not device.startswith("cuda"):
-        backend = "torch" if attention_backend == "auto" else attention_backend
-        return DeviceFeatures(backend, cuda_graphs=False, profile_kv_pool=False)
     backend = "torch" if attention_backend == "auto" else attention_backend
+    if not device.startswith("cuda"):
+        return DeviceFeatures(backend, cuda_graphs=False, profile_kv_pool=False)
     graphs = backend == "triton" and enforce_eager is False
     profile = num_kv_blocks is None
     notes = []

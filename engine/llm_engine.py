@@ -224,7 +224,7 @@ class LLMEngine:
                 seqs[i].cumulative_logprob += entry[token].logprob
         for seq, token in zip(seqs, tokens, strict=True):
             seq.token_ids.append(token)
-            reason = finish_reason(seq, token, self.eos_token_ids, self.tokenizer, self.max_model_len, self.stop_matcher)
+            reason = finish_reason(seq, token, self.eos_token_ids, self.max_model_len, self.stop_matcher)
             if reason is not None:
                 self._finish_seq(seq, reason, finished)
         self.stats_tracker.decode_tokens += len(tokens)

@@ -8,7 +8,7 @@ from engine.sequence import Sequence
 
 
 def finish_reason(
-    seq: Sequence, token: int, eos_token_ids: set[int], tokenizer: Any, max_model_len: int, stop_matcher: Any = None,
+    seq: Sequence, token: int, eos_token_ids: set[int], max_model_len: int, stop_matcher: Any = None,
 ) -> str | None:
     """Why the sequence stops after ``token``, or None. A grammar that is complete stops it too.
     With a ``StopStringMatcher`` (engine/detokenizer.py) stop strings are matched incrementally."""
@@ -26,12 +26,6 @@ def finish_reason(
     if p.stop and stop_matcher is not None:
         cut = stop_matcher.find(seq, p.stop)
         if cut is not None:
-            seq.stop_text_end = cut
-            return "stop"
-    elif p.stop and tokenizer is not None:
-        text = tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
-        cut = min((i for i in (text.find(s) for s in p.stop) if i >= 0), default=-1)
-        if cut >= 0:
             seq.stop_text_end = cut
             return "stop"
     if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= max_model_len:
