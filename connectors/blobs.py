@@ -11,26 +11,16 @@ import json
 import posixpath
 from typing import Any
 
-from connectors.manifest import write_bytes
+from connectors.manifest import read_optional_bytes, write_bytes
 from connectors.storage import filesystem_for, join_url, with_retries
 
 
 def read_bytes(url: str, storage_options: dict | None = None) -> bytes:
     """The object's bytes; FileNotFoundError if it does not exist."""
-    fs, path = filesystem_for(url, storage_options)
-    fs.invalidate_cache(path)
-
-    def read() -> bytes:
-        with fs.open(path, "rb") as f:
-            return f.read()
-
-    return with_retries(read, what=f"read {url}")
-
-
-def object_size(url: str, storage_options: dict | None = None) -> int:
-    fs, path = filesystem_for(url, storage_options)
-    fs.invalidate_cache(path)
-    return int(with_retries(lambda: fs.size(path), what=f"size {url}"))
+    data = read_optional_bytes(url, storage_options)
+    if data is None:
+        raise FileNotFoundError(url)
+    return data
 
 
 def delete_object(url: str, storage_options: dict | None = None) -> bool:
@@ -63,10 +53,8 @@ def write_json(url: str, value: dict[str, Any], storage_options: dict | None = N
 
 def read_json(url: str, storage_options: dict | None = None) -> dict[str, Any] | None:
     """The JSON object at ``url``, or None if there is none."""
-    try:
-        return json.loads(read_bytes(url, storage_options))
-    except FileNotFoundError:
-        return None
+    data = read_optional_bytes(url, storage_options)
+    return None if data is None else json.loads(data)
 
 
 def read_json_folder(folder_url: str, storage_options: dict | None = None) -> list[dict[str, Any]]:

@@ -30,7 +30,8 @@ def write_text(url: str, text: str, storage_options: dict | None = None) -> None
     write_bytes(url, text.encode("utf-8"), storage_options)
 
 
-def _read_bytes(url: str, storage_options: dict | None) -> bytes | None:
+def read_optional_bytes(url: str, storage_options: dict | None) -> bytes | None:
+    """The object's bytes, or None if it does not exist (retried on transient errors)."""
     fs, path = filesystem_for(url, storage_options)
     fs.invalidate_cache(path)
 
@@ -53,7 +54,7 @@ def write_manifest(output_url: str, manifest: dict[str, Any], storage_options: d
 def read_manifest(output_url: str, storage_options: dict | None = None) -> dict[str, Any] | None:
     """The manifest, or None if there is none yet."""
     url = join_url(output_url, MANIFEST_NAME)
-    data = _read_bytes(url, storage_options)
+    data = read_optional_bytes(url, storage_options)
     if data is None:
         return None
     try:

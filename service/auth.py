@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import hmac
+from typing import Annotated, TypeVar
 
-from fastapi import Request
+from fastapi import Depends, Request
 
-from service.errors import APIError
+from service.errors import APIError, not_found
+from service.records import Record
+
+R = TypeVar("R", bound=Record)
 
 
 def owner_of(request: Request) -> str:
@@ -22,3 +26,14 @@ def owner_of(request: Request) -> str:
         if hmac.compare_digest(key.encode(), token.encode()):
             return owner
     raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+
+Owner = Annotated[str, Depends(owner_of)]
+
+
+def owned(request: Request, cls: type[R], what: str, record_id: str, owner: str) -> R:
+    """The caller's record, or a 404 that reads the same whether it is missing or another key's."""
+    record = request.app.state.store.get(cls, record_id, owner)
+    if record is None:
+        raise not_found(what, record_id)
+    return record

@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import json
 import logging
-import posixpath
 import threading
 from typing import Any
 
-from connectors import read_manifest, write_bytes
+from connectors import part_id_of, read_manifest, write_bytes
 from connectors.blobs import read_bytes
 from jobs.openai_merge import merge_lines
 from jobs.spec import JobSpec
+from pipeline.fleet import FINAL_STATES as JOB_FINAL
 from service.records import BATCH_FINAL, BatchRecord, FileRecord, JobRecord, Store, new_id, now
 from service.runners import Runner
 from service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 
-JOB_FINAL = ("succeeded", "completed_with_errors", "cancelled", "failed")
 
 
 def batch_spec(batch: BatchRecord, store: Store, settings: ServiceSettings) -> JobSpec:
@@ -167,7 +166,7 @@ class BatchAdvancer:
         manifest lists the shards finished before the cancel; its summary hook did not run)."""
         manifest = read_manifest(batch.output_url, self.settings.storage_options) or {}
         names = [s["part"] for s in manifest.get("shards", []) if s.get("status") in ("done", "skipped") and s["part"]]
-        return [posixpath.splitext(name)[0].removeprefix("part-") for name in names]
+        return [part_id_of(name) for name in names]
 
     def _result_file(self, batch: BatchRecord, which: str, lines: list[bytes]) -> str:
         file_id = new_id("file-")

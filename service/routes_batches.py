@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from connectors.blobs import read_bytes
-from service.auth import owner_of
+from service.auth import Owner, owned
 from service.batch_input import KNOWN_ENDPOINTS, SUPPORTED_ENDPOINTS, check_for_batch
-from service.errors import bad_request, not_found
+from service.errors import bad_request
 from service.pagination import page
 from service.records import BATCH_FINAL, BatchRecord, FileRecord, new_id, now
 
 router = APIRouter(prefix="/v1/batches")
-Owner = Annotated[str, Depends(owner_of)]
 
 
 class CreateBatch(BaseModel):
@@ -24,12 +23,6 @@ class CreateBatch(BaseModel):
     completion_window: str
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(None, max_length=16)
 
-
-def _batch(request: Request, batch_id: str, owner: str) -> BatchRecord:
-    record = request.app.state.store.get(BatchRecord, batch_id, owner)
-    if record is None:
-        raise not_found("batch", batch_id)
-    return record
 
 
 @router.post("")
@@ -43,9 +36,7 @@ def create_batch(request: Request, owner: Owner, body: CreateBatch) -> dict[str,
                           "endpoint", "unsupported_value")
     if body.completion_window != "24h":
         raise bad_request("completion_window must be '24h'", "completion_window", "invalid_value")
-    source = store.get(FileRecord, body.input_file_id, owner)
-    if source is None:
-        raise not_found("file", body.input_file_id)
+    source = owned(request, FileRecord, "file", body.input_file_id, owner)
     if source.purpose != "batch":
         raise bad_request(f"file {source.id} has purpose {source.purpose!r}, not 'batch'", "input_file_id")
     total = check_for_batch(read_bytes(source.content_url, settings.storage_options), body.endpoint,
@@ -72,14 +63,14 @@ def list_batches(request: Request, owner: Owner, after: str | None = None,
 
 @router.get("/{batch_id}")
 def retrieve_batch(request: Request, owner: Owner, batch_id: str) -> dict[str, Any]:
-    return _batch(request, batch_id, owner).public()
+    return owned(request, BatchRecord, "batch", batch_id, owner).public()
 
 
 @router.post("/{batch_id}/cancel")
 def cancel_batch(request: Request, owner: Owner, batch_id: str) -> dict[str, Any]:
     store = request.app.state.store
     with store.lock:
-        record = _batch(request, batch_id, owner)
+        record = owned(request, BatchRecord, "batch", batch_id, owner)
         if record.status in BATCH_FINAL or record.status == "cancelling":
             if record.status in ("completed", "failed", "expired"):
                 raise bad_request(f"Cannot cancel a batch with status {record.status!r}.", "batch_id",

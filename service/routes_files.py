@@ -4,28 +4,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
+from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import Response
 
 from connectors import write_bytes
 from connectors.blobs import delete_object, read_bytes
-from service.auth import owner_of
+from service.auth import Owner, owned
 from service.batch_input import check_upload
-from service.errors import APIError, bad_request, not_found
+from service.errors import APIError, bad_request
 from service.pagination import page
 from service.records import FileRecord, new_id
 
 router = APIRouter(prefix="/v1/files")
-Owner = Annotated[str, Depends(owner_of)]
 PURPOSES = ("batch",)
 CHUNK = 1 << 20
 
-
-def _file(request: Request, file_id: str, owner: str) -> FileRecord:
-    record = request.app.state.store.get(FileRecord, file_id, owner)
-    if record is None:
-        raise not_found("file", file_id)
-    return record
 
 
 async def _read_limited(upload: UploadFile, limit: int) -> bytes:
@@ -67,19 +60,19 @@ def list_files(request: Request, owner: Owner, after: str | None = None,
 
 @router.get("/{file_id}")
 def retrieve_file(request: Request, owner: Owner, file_id: str) -> dict[str, Any]:
-    return _file(request, file_id, owner).public()
+    return owned(request, FileRecord, "file", file_id, owner).public()
 
 
 @router.get("/{file_id}/content")
 def file_content(request: Request, owner: Owner, file_id: str) -> Response:
-    record = _file(request, file_id, owner)
+    record = owned(request, FileRecord, "file", file_id, owner)
     data = read_bytes(record.content_url, request.app.state.settings.storage_options)
     return Response(data, media_type="application/jsonl")
 
 
 @router.delete("/{file_id}")
 def delete_file(request: Request, owner: Owner, file_id: str) -> dict[str, Any]:
-    record = _file(request, file_id, owner)
+    record = owned(request, FileRecord, "file", file_id, owner)
     store = request.app.state.store
     delete_object(record.content_url, request.app.state.settings.storage_options)
     store.delete(record)

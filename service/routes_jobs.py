@@ -4,25 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, Body, Request
 from pydantic import ValidationError
 
 from connectors import StorageError
 from jobs.spec import JobSpec
 from jobs.spec_errors import format_errors
-from service.auth import owner_of
-from service.errors import APIError, bad_request, not_found
+from service.auth import Owner, owned
+from service.errors import APIError, bad_request
 from service.records import JobRecord
 
 router = APIRouter(prefix="/v1/jobs")
-Owner = Annotated[str, Depends(owner_of)]
 
-
-def _job(request: Request, job_id: str, owner: str) -> JobRecord:
-    record = request.app.state.store.get(JobRecord, job_id, owner)
-    if record is None:
-        raise not_found("job", job_id)
-    return record
 
 
 @router.post("")
@@ -55,7 +48,7 @@ def list_jobs(request: Request, owner: Owner) -> dict[str, Any]:
 
 @router.get("/{job_id}")
 def job_status(request: Request, owner: Owner, job_id: str) -> dict[str, Any]:
-    record = _job(request, job_id, owner)
+    record = owned(request, JobRecord, "job", job_id, owner)
     try:
         status = request.app.state.runner.status(job_id)
     except KeyError as exc:
@@ -65,7 +58,7 @@ def job_status(request: Request, owner: Owner, job_id: str) -> dict[str, Any]:
 
 @router.post("/{job_id}/cancel")
 def cancel_job(request: Request, owner: Owner, job_id: str) -> dict[str, Any]:
-    record = _job(request, job_id, owner)
+    record = owned(request, JobRecord, "job", job_id, owner)
     runner = request.app.state.runner
     runner.cancel(job_id)
     return {**record.public(), **runner.status(job_id), "id": job_id}
