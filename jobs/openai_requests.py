@@ -47,7 +47,7 @@ class OpenAIBatchError(ValueError):
 class Conversion:
     url: str  # the converted shards, for JobPlan.input_url
     requests: int
-    sampling: dict[str, Any]  # settings shared by every request
+    sampling: dict[str, Any]  # settings shared by every request: none, each line carries its own
     warnings: list[str] = field(default_factory=list)
     completions: bool = False  # the file's requests are /v1/completions (raw prompts)
 
@@ -212,7 +212,7 @@ def _remove_stale(target: str, keep: set[str], storage_options: dict[str, Any]) 
 
 
 def convert_requests(
-    input_url: str, output_url: str, storage_options: dict[str, Any] | None = None, *, default_max_tokens: int = 128,
+    input_url: str, output_url: str, storage_options: dict[str, Any] | None = None, *,
     output_storage_options: dict[str, Any] | None = None,
 ) -> Conversion:
     """Validate every request file under ``input_url`` and write the rows under ``output_url``
@@ -224,7 +224,7 @@ def convert_requests(
     target = join_url(output_url, REQUESTS_DIR)
     errors: list[str] = []
     ids: dict[str, str] = {}
-    seen: list[dict[str, Any]] = []
+    requests = 0
     ignored: set[str] = set()
     converted: list[tuple[str, str]] = []
     kinds: dict[bool, str] = {}  # completions? -> where first seen: one endpoint per file
@@ -235,7 +235,7 @@ def convert_requests(
                 continue
             where = f"{shard.basename} line {n}"
             try:
-                custom_id, row, sampling, extra = parse_request(line)
+                custom_id, row, _sampling, extra = parse_request(line)
                 if custom_id in ids:
                     raise ValueError(f"custom_id {custom_id!r} repeats {ids[custom_id]}")
                 completion = _is_completion(line)
@@ -248,14 +248,14 @@ def convert_requests(
                 continue
             ids[custom_id] = where
             rows.append(json.dumps(row, ensure_ascii=False))
-            seen.append(sampling)
+            requests += 1
             ignored |= extra
         converted.append((join_url(target, f"requests-{shard.part_id}.jsonl"), "".join(r + "\n" for r in rows)))
     if errors:
         shown = "\n  ".join(errors[:MAX_REPORTED_ERRORS])
         more = f"\n  ... and {len(errors) - MAX_REPORTED_ERRORS} more" if len(errors) > MAX_REPORTED_ERRORS else ""
         raise OpenAIBatchError(f"{len(errors)} invalid request(s) in {input_url}:\n  {shown}{more}")
-    if not seen:
+    if not requests:
         raise OpenAIBatchError(f"no requests in {input_url}")
     for url, text in converted:
         if text:
@@ -266,5 +266,5 @@ def convert_requests(
         warnings.append(f"request body fields ignored: {', '.join(sorted(ignored))}")
     for warning in warnings:
         log.warning("%s", warning)
-    return Conversion(url=target, requests=len(seen), sampling={}, warnings=warnings,
+    return Conversion(url=target, requests=requests, sampling={}, warnings=warnings,
                       completions=True in kinds)

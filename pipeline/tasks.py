@@ -54,6 +54,11 @@ def _store() -> JobStateStore | None:
         return None
 
 
+def will_be_retried(state: str, transient: bool, will_retry: bool) -> bool:
+    """A failed shard whose task runs again: reported ``retrying``, never final."""
+    return state == "failed" and bool(transient) and will_retry
+
+
 class _Reporter:
     """Writes a shard's progress to the state store at most once a second (and at the end).
 
@@ -74,7 +79,7 @@ class _Reporter:
         if self.store is None or (not final and now - self._last < 1.0):
             return
         self._last = now
-        retrying = p.state == "failed" and p.transient and self.will_retry
+        retrying = will_be_retried(p.state, p.transient, self.will_retry)
         state = {
             "state": RETRYING if retrying else p.state, "url": p.url, "part": self.part,
             "rows_done": p.rows_done, "errors": p.errors, "output_tokens": p.output_tokens,
@@ -113,7 +118,7 @@ def run_shard(
         reporter(p)
 
     result = engine_service().process(plan, shard, on_progress=on_progress, should_stop=should_stop, worker=worker)
-    meter.finish(result, retrying=will_retry and result["status"] == "failed" and bool(result.get("transient")))
+    meter.finish(result, retrying=will_be_retried(result["status"], bool(result.get("transient")), will_retry))
     return result
 
 
@@ -133,7 +138,7 @@ def process_shard(self, plan_dict: dict[str, Any], shard_dict: dict[str, Any]) -
                                {"state": "queued", "url": shard.url, "part": shard.part_id, "reason": str(exc)})
         raise Reject(str(exc), requeue=True) from None
     result["part"] = result.get("part") or shard.part_id
-    if result["status"] == "failed" and result["transient"] and will_retry:
+    if will_be_retried(result["status"], result["transient"], will_retry):
         log.warning("shard %d failed transiently, retrying: %s", shard.index, result["reason"])
         raise self.retry(countdown=min(60, 5 * 2**self.request.retries))
     return result

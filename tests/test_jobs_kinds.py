@@ -231,7 +231,7 @@ def test_openai_batch_per_line_sampling(tmp_path: Path) -> None:
                                                                    "json_schema": {"name": "s", "schema": schema}}),
         batch_line("c", "z", logprobs=True, response_format={"type": "json_object"}),
     ])
-    converted = convert_requests(str(tmp_path / "in"), str(tmp_path / "out"), default_max_tokens=16)
+    converted = convert_requests(str(tmp_path / "in"), str(tmp_path / "out"))
     assert converted.sampling == {} and converted.requests == 3
     assert any("ignored: tools" in w for w in converted.warnings)
     (converted_file,) = (tmp_path / "out/_requests").glob("requests-*.jsonl")

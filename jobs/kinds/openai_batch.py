@@ -27,12 +27,12 @@ def check(spec: JobSpec) -> None:
 
 
 def plan_fields(spec: JobSpec) -> dict[str, Any]:
-    """Converts the request file (I/O) and takes sampling settings shared by every request."""
+    """Converts the request file (I/O); each request line carries its own sampling settings."""
     sampling = spec.sampling.plan_values()
     in_options, out_options = reveal(spec.input.storage_options), spec.output_storage_options()
     converted = convert_requests(
         spec.input.full_url, spec.output.url, in_options,
-        default_max_tokens=spec.sampling.max_tokens, output_storage_options=out_options,
+        output_storage_options=out_options,
     )
     sampling.update(converted.sampling)
     return {
