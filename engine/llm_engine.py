@@ -35,7 +35,13 @@ from engine.structured_output import StructuredOutputBackend
 
 
 class RequestError(ValueError):
-    """A single request is invalid; the message names it. Other requests are unaffected."""
+    """A single request is invalid; other requests are unaffected. ``request_id`` names it
+    (None where no request exists yet) and ``reason`` says why, without the id."""
+
+    def __init__(self, request_id: str | None, reason: str) -> None:
+        super().__init__(reason if request_id is None else f"request {request_id}: {reason}")
+        self.request_id = request_id
+        self.reason = reason
 
 
 class LLMEngine:
@@ -108,7 +114,7 @@ class LLMEngine:
     # ---- requests -------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
-            raise RequestError(f"model at {self.model_dir} has no tokenizer: pass token ids")
+            raise RequestError(None, f"model at {self.model_dir} has no tokenizer: pass token ids")
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
@@ -122,7 +128,7 @@ class LLMEngine:
     ) -> None:
         """Queue a request. Raises ``RequestError`` naming the request if it cannot run."""
         if request_id in self.requests:
-            raise RequestError(f"request {request_id}: id already in use")
+            raise RequestError(request_id, "id already in use")
         try:
             if params is None:
                 params = SamplingParams()
@@ -131,33 +137,33 @@ class LLMEngine:
             else:
                 params.validate()
         except (TypeError, ValueError) as e:
-            raise RequestError(f"request {request_id}: invalid sampling parameters: {e}") from None
+            raise RequestError(request_id, f"invalid sampling parameters: {e}") from None
         if isinstance(prompt, str):
             token_ids = self.encode(prompt)
         else:
             token_ids = list(prompt)
         if not token_ids:
-            raise RequestError(f"request {request_id}: empty prompt")
+            raise RequestError(request_id, "empty prompt")
         vocab = self.model.config.vocab_size
         if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in token_ids):
-            raise RequestError(f"request {request_id}: prompt has token ids outside the vocabulary [0, {vocab})")
+            raise RequestError(request_id, f"prompt has token ids outside the vocabulary [0, {vocab})")
         if len(token_ids) >= self.max_model_len:
             raise RequestError(
-                f"request {request_id}: prompt is {len(token_ids)} tokens, the model's context is "
-                f"{self.max_model_len} tokens"
+                request_id, f"prompt is {len(token_ids)} tokens, the model's context is {self.max_model_len} tokens"
             )
         max_total = min(len(token_ids) + params.max_tokens, self.max_model_len)
         needed = self.block_manager.blocks_for_tokens(max_total)
         if needed > self.num_kv_blocks:
             raise RequestError(
-                f"request {request_id}: needs {needed} KV blocks ({max_total} tokens) but the "
-                f"cache has {self.num_kv_blocks} blocks in all; it can never run"
+                request_id,
+                f"needs {needed} KV blocks ({max_total} tokens) but the cache has {self.num_kv_blocks} "
+                "blocks in all; it can never run",
             )
         if params.structured_output is not None:
             try:
                 self.structured.compile(params.structured_output)
             except ValueError as e:
-                raise RequestError(f"request {request_id}: {e}") from None
+                raise RequestError(request_id, str(e)) from None
         state = RequestState(request_id, token_ids, params)
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = [None] * len(token_ids)
@@ -188,6 +194,13 @@ class LLMEngine:
                 self._forget_text(seq)
                 if not seq.is_finished:
                     self.scheduler.abort(seq)
+
+    def abort_all(self) -> list[str]:
+        """Abort every request the engine holds (finished or not); returns their ids."""
+        ids = list(self.requests)
+        for request_id in ids:
+            self.abort_request(request_id)
+        return ids
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
