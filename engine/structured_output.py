@@ -100,6 +100,7 @@ class StructuredOutputBackend:
         self.stop_token_ids = sorted(stop_token_ids)
         self._compiler: Any = None
         self._compiled: dict[tuple[str, str], Any] = {}
+        self._bitmask: Any = None  # reused across steps; grown to the largest batch seen
         self.num_compiled = 0  # distinct constraints compiled (cache misses)
 
     def _get_compiler(self) -> Any:
@@ -154,8 +155,9 @@ class StructuredOutputBackend:
         import xgrammar as xgr
 
         logits = logits.contiguous()
-
-        bitmask = xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
+        if self._bitmask is None or self._bitmask.shape[0] < len(matchers):
+            self._bitmask = xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
+        bitmask = self._bitmask[: len(matchers)]  # only the constrained rows are filled and applied
         for i in rows:
             matchers[i].fill_next_token_bitmask(bitmask, i)
         xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=self.vocab_size, indices=rows)

@@ -132,3 +132,38 @@ def test_logprobs_of_constrained_rows_are_masked(llm):
     assert all(lp.logprob > float("-inf") for lp in first.values())
     assert {llm.tokenizer.decode([t]) for t in first} <= {"yes", "no", "y", "n", "ye"}
     assert sum(math.exp(lp.logprob) for lp in first.values()) <= 1 + 1e-4
+
+
+def test_the_reused_bitmask_gives_the_masks_of_a_fresh_one(llm):
+    """apply_masks keeps one bitmask across steps: a row filled in an earlier step, or left
+    unfilled for an unconstrained row, must never leak into a later step's masks."""
+    import torch
+    import xgrammar as xgr
+
+    backend = llm.engine.structured
+    text = '{"name": "Ann", "age": 30}'
+    ids = llm.tokenizer.encode(text, add_special_tokens=False)
+    matchers = [backend.matcher(StructuredOutput(json=SCHEMAS[0])), backend.matcher(StructuredOutput(regex="[0-9]+"))]
+    vocab = backend.vocab_size
+    digit = llm.tokenizer.convert_tokens_to_ids("3")
+    steps = 0
+    for token in ids:
+        for i, matcher in enumerate(matchers):
+            fresh = xgr.allocate_token_bitmask(1, vocab)
+            matcher.fill_next_token_bitmask(fresh, 0)
+            dirty = torch.randint(-(2**31), 2**31 - 1, fresh.shape, dtype=torch.int32)
+            matcher.fill_next_token_bitmask(dirty, 0)
+            assert torch.equal(dirty, fresh), (steps, i)
+        logits = torch.randn(3, vocab)
+        rows = [matchers[0], None, matchers[1]]
+        want = logits.clone()
+        fresh = xgr.allocate_token_bitmask(3, vocab)
+        for i in (0, 2):
+            rows[i].fill_next_token_bitmask(fresh, i)
+        xgr.apply_token_bitmask_inplace(want, fresh, vocab_size=vocab, indices=[0, 2])
+        assert torch.equal(backend.apply_masks(logits.clone(), rows), want)
+        if not matchers[0].accept_token(token):
+            break
+        assert matchers[1].accept_token(digit)
+        steps += 1
+    assert steps > 3
