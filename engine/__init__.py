@@ -3,8 +3,9 @@ chunked prefill and recompute preemption over a Llama-family model."""
 
 from engine.config import EngineConfig
 from engine.llm import LLM
-from engine.llm_engine import LLMEngine, RequestError
+from engine.llm_engine import LLMEngine
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.request_intake import RequestError
 from engine.sampling_params import SamplingParams
 from engine.structured_output import StructuredOutput
 

@@ -29,10 +29,6 @@ def hash_block(parent: bytes | None, token_ids: Seq[int]) -> bytes:
     return h.digest()
 
 
-class NoFreeBlocksError(RuntimeError):
-    pass
-
-
 class BlockManager:
     """Owns every KV block of the pool.
 

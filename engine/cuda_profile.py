@@ -2,50 +2,49 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from engine.config import EngineConfig
-from engine.kv_cache import allocate_kv_pool, blocks_from_cuda_memory
-from engine.model_runner import ModelRunner
+from engine.kv_cache import blocks_from_cuda_memory
 from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledBatch, ScheduledSequence
 from engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from engine.model_runner import ModelRunner
 
 
 def profile_cuda_blocks(
-    model, backend, config: EngineConfig, max_model_len: int, device: str, kv_dtype: torch.dtype, per_block: int
+    runner: ModelRunner, max_num_batched_tokens: int, max_model_len: int, utilization: float, per_block: int
 ) -> int:
     """Run one step at the full token budget on a throwaway pool to find the activation peak.
 
     The budget is split into sequences no longer than the context (the rotary table ends
     there), and the probe pool's own bytes are taken out of the peak: the real pool is
-    what is being sized.
+    what is being sized. The runner lets go of the probe pool before returning.
     """
-    dev = torch.device(device)
-    bs = config.block_size
+    dev = runner.device
+    bs = runner.block_size
     lengths = []
-    left = config.max_num_batched_tokens
+    left = max_num_batched_tokens
     while left > 0:
         lengths.append(min(left, max_model_len))
         left -= lengths[-1]
-    hf = model.config
-    probe_blocks = sum(-(-n // bs) for n in lengths)
-    probe_pool = allocate_kv_pool(
-        hf.num_hidden_layers,
-        backend.kv_cache_shape(probe_blocks, bs, hf.num_key_value_heads, model.head_dim),
-        kv_dtype, dev,
-    )
-    runner = ModelRunner(model, backend, probe_pool, bs, device)
-    items, first_block = [], 0
+    probe_pool = runner.allocate_kv_pool(sum(-(-n // bs) for n in lengths))
+    runner.bind_kv_pool(probe_pool)
+    batch, first_block = ScheduledBatch(step=0), 0
     for i, n in enumerate(lengths):
         seq = Sequence(f"profile-{i}", [0] * n, SamplingParams(max_tokens=1))
         nb = -(-n // bs)
         seq.block_table = list(range(first_block, first_block + nb))
         first_block += nb
-        items.append((seq, n))
+        batch.items.append(ScheduledSequence(seq, n, 0, samples=True))
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(dev)
-    runner.execute(items)
+    runner.execute(batch)
     torch.cuda.synchronize(dev)
     peak = torch.cuda.max_memory_allocated(dev) - probe_pool.numel() * probe_pool.element_size()
-    del runner, probe_pool  # the attention layers still view it until the real pool is bound
-    return blocks_from_cuda_memory(dev, config.gpu_memory_utilization, peak, per_block)
+    runner.bind_kv_pool(None)
+    del probe_pool
+    return blocks_from_cuda_memory(dev, utilization, peak, per_block)

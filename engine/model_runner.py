@@ -1,4 +1,4 @@
-"""Turns one scheduled step into flat tensors, runs the model once and returns logits."""
+"""The device side: the KV pool and CUDA graphs, and one scheduled step run as one forward pass."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.attention import AttentionBackend, AttentionMetadata
+from engine.config import EngineConfig
+from engine.cuda_graphs import DecodeGraphs
+from engine.cuda_profile import profile_cuda_blocks
+from engine.device_features import DeviceFeatures
+from engine.kv_cache import allocate_kv_pool, blocks_from_budget, bytes_per_block
 from engine.models.llama import LlamaForCausalLM
+from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
 
 
@@ -39,39 +45,69 @@ def prompt_logit_positions(seq: Sequence, computed: int, num_new: int) -> range:
 
 
 class ModelRunner:
+    """The device side of the engine: the model, its attention backend, the KV pool (sized,
+    allocated and bound here) and the CUDA decode graphs. Turns a scheduled step into flat
+    tensors, runs the model once and hands back the logits the step needs."""
+
     def __init__(
-        self, model: LlamaForCausalLM, backend: AttentionBackend, kv_pool: torch.Tensor, block_size: int,
-        device: str,
+        self, model: LlamaForCausalLM, backend: AttentionBackend, config: EngineConfig, max_model_len: int,
+        device: str, features: DeviceFeatures,
     ) -> None:
         self.model = model
         self.backend = backend
-        self.block_size = block_size
+        self.block_size = config.block_size
         self.device = torch.device(device)
-        self.bind_kv_pool(kv_pool)
-        self.decode_graphs = None  # engine.cuda_graphs.DecodeGraphs, set by the engine on CUDA
+        self.kv_dtype = backend.kv_cache_dtype(config.torch_dtype)
+        self.kv_pool: torch.Tensor | None = None
+        self.decode_graphs: DecodeGraphs | None = None
+        hf = model.config
+        per_block = bytes_per_block(
+            hf.num_hidden_layers, self.block_size, hf.num_key_value_heads, model.head_dim, self.kv_dtype
+        )
+        if config.num_kv_blocks is not None:
+            self.num_kv_blocks = config.num_kv_blocks
+        elif features.profile_kv_pool:
+            self.num_kv_blocks = profile_cuda_blocks(self, config.max_num_batched_tokens, max_model_len,
+                                                     config.gpu_memory_utilization, per_block)
+        else:
+            self.num_kv_blocks = blocks_from_budget(config.kv_cache_memory_gb * 2**30, per_block)
+        self.bind_kv_pool(self.allocate_kv_pool(self.num_kv_blocks))
+        if config.compile:
+            self.model = torch.compile(model, dynamic=True)
+        if features.cuda_graphs:
+            self.decode_graphs = DecodeGraphs(model, self.block_size, max_model_len, config.max_num_seqs, device)
 
-    def bind_kv_pool(self, kv_pool: torch.Tensor) -> None:
+    def allocate_kv_pool(self, num_blocks: int) -> torch.Tensor:
+        hf = self.model.config
+        shape = self.backend.kv_cache_shape(num_blocks, self.block_size, hf.num_key_value_heads, self.model.head_dim)
+        return allocate_kv_pool(hf.num_hidden_layers, shape, self.kv_dtype, self.device)
+
+    def bind_kv_pool(self, kv_pool: torch.Tensor | None) -> None:
+        """Point every attention layer at its slice of the pool (None: let go of it)."""
         self.kv_pool = kv_pool
         for i, attn in enumerate(self.model.attention_layers()):
             attn.backend = self.backend
-            attn.k_cache = kv_pool[0, i]
-            attn.v_cache = kv_pool[1, i]
+            attn.k_cache = kv_pool[0, i] if kv_pool is not None else None
+            attn.v_cache = kv_pool[1, i] if kv_pool is not None else None
 
-    def prepare(self, items: list[tuple[Sequence, int]]):
+    def prepare(self, batch: ScheduledBatch):
         """Build the step's tensors. Decodes go first so backends can batch them."""
-        decodes = [it for it in items if it[1] == 1 and it[0].num_computed_tokens > 0]
-        others = [it for it in items if not (it[1] == 1 and it[0].num_computed_tokens > 0)]
+        decodes = [it for it in batch.items if it.num_new_tokens == 1 and it.num_computed_tokens > 0]
+        others = [it for it in batch.items if not (it.num_new_tokens == 1 and it.num_computed_tokens > 0)]
         ordered = decodes + others
         bs = self.block_size
-        query_lens = [n for _, n in ordered]
-        context_lens = [s.num_computed_tokens for s, _ in ordered]
+        query_lens = [it.num_new_tokens for it in ordered]
+        context_lens = [it.num_computed_tokens for it in ordered]
         seq_lens = [c + n for c, n in zip(context_lens, query_lens, strict=True)]
         input_ids: list[int] = []
-        for s, n in ordered:
-            c = s.num_computed_tokens
-            input_ids.extend(s.token_ids[c : c + n])
+        for it in ordered:
+            c = it.num_computed_tokens
+            input_ids.extend(it.seq.token_ids[c : c + it.num_new_tokens])
         max_blocks = max(-(-sl // bs) for sl in seq_lens)
-        tables = [s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table[:max_blocks])) for s, _ in ordered]
+        tables = [
+            it.seq.block_table[:max_blocks] + [0] * (max_blocks - len(it.seq.block_table[:max_blocks]))
+            for it in ordered
+        ]
 
         dev = self.device
         q_lens = torch.tensor(query_lens, dtype=torch.int64)
@@ -83,16 +119,16 @@ class ModelRunner:
         block_tables = torch.tensor(tables, dtype=torch.int64)
         slot_mapping = block_tables[seq_index, positions // bs] * bs + positions % bs
 
-        sample_rows = [i for i, (s, n) in enumerate(ordered) if s.num_computed_tokens + n == s.num_tokens]
+        sample_rows = [i for i, it in enumerate(ordered) if it.samples]
         indices = (qsl[1:][sample_rows] - 1).tolist()
         prompt_rows = []
-        for i, (s, n) in enumerate(ordered):
-            c = s.num_computed_tokens
-            wanted = prompt_logit_positions(s, c, n)
+        for i, it in enumerate(ordered if batch.wants_prompt_logits else ()):
+            c = it.num_computed_tokens
+            wanted = prompt_logit_positions(it.seq, c, it.num_new_tokens)
             if wanted:
                 start = int(qsl[i]) - c  # flat row of position 0 of this sequence
                 indices.extend(range(start + wanted.start, start + wanted.stop))
-                prompt_rows.append((s, wanted.start, len(wanted)))
+                prompt_rows.append((it.seq, wanted.start, len(wanted)))
         logits_indices = torch.tensor(indices, dtype=torch.int64)
         meta = AttentionMetadata(
             query_start_loc=qsl.to(dev, torch.int32),
@@ -108,7 +144,7 @@ class ModelRunner:
             seq_lens_host=seq_lens,
             context_lens_host=context_lens,
         )
-        sample_seqs = [ordered[i][0] for i in sample_rows]
+        sample_seqs = [ordered[i].seq for i in sample_rows]
         return (
             torch.tensor(input_ids, dtype=torch.int64).to(dev),
             positions.to(dev),
@@ -119,10 +155,10 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, items: list[tuple[Sequence, int]]) -> StepLogits:
+    def execute(self, batch: ScheduledBatch) -> StepLogits:
         """Run one forward pass; the LM head runs only on the rows that sample or give a
         prompt logprob."""
-        input_ids, positions, meta, logits_indices, sample_seqs, prompt_rows = self.prepare(items)
+        input_ids, positions, meta, logits_indices, sample_seqs, prompt_rows = self.prepare(batch)
         if self.decode_graphs is not None and self.decode_graphs.can_run(meta):
             logits = self.decode_graphs.run(input_ids, positions, meta, logits_indices).cpu()
         else:

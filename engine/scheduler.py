@@ -4,30 +4,50 @@ There is no prefill phase and no decode phase: each running sequence asks for th
 tokens it has not computed yet (a whole prompt, a chunk of it, or one decode token),
 running sequences are served first, and what is left of the token budget admits
 waiting ones, chunking the last prompt that does not fit.
+
+The scheduler owns the queues and each step's post-processing (``update``: append the
+sampled tokens, stop, finish, free). Plain Python over sequences, ids and counts: no torch.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
 from engine.sequence import Sequence, SequenceStatus
+from engine.stopping import StopConditions
 
 SCHEDULING_POLICIES = ("continuous", "static")
 
 
+@dataclass(frozen=True)
+class ScheduledSequence:
+    """One sequence's share of a step: its next ``num_new_tokens`` tokens, starting after the
+    ``num_computed_tokens`` already in the KV cache. ``samples``: the step reaches its last
+    token, so its logits pick the next one (a prompt chunk short of the end does not)."""
+
+    seq: Sequence
+    num_new_tokens: int
+    num_computed_tokens: int
+    samples: bool
+
+
 @dataclass
 class ScheduledBatch:
-    """One step's work: ``(sequence, number of new tokens)`` in batch order."""
+    """One step's work in batch order, what the model runner consumes. ``schedule()`` has
+    already counted its tokens as computed (as vLLM v1 does), so everything after the forward
+    pass sees the step's result; the runner reads where each sequence starts from the items."""
 
     step: int
-    items: list[tuple[Sequence, int]] = field(default_factory=list)
+    items: list[ScheduledSequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    wants_prompt_logits: bool = False  # some sequence asks for prompt logprobs in this chunk
 
     @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.items)
+    def seqs(self) -> list[Sequence]:
+        return [it.seq for it in self.items]
 
     def __bool__(self) -> bool:
         return bool(self.items)
@@ -40,6 +60,7 @@ class Scheduler:
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 2048,
         policy: str = "continuous",
+        stop: StopConditions | None = None,
     ) -> None:
         if policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling must be one of {SCHEDULING_POLICIES}, got {policy!r}")
@@ -49,6 +70,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy = policy
+        self.stop = stop if stop is not None else StopConditions()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.step_count = 0
@@ -67,6 +89,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         self.step_count += 1
         batch = ScheduledBatch(step=self.step_count)
+        chosen: list[tuple[Sequence, int]] = []
         budget = self.max_num_batched_tokens
         bm = self.block_manager
 
@@ -84,12 +107,24 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                batch.items.append((seq, num_new))
+                chosen.append((seq, num_new))
                 budget -= num_new
                 i += 1
 
-        if batch.preempted:
-            return batch
+        if not batch.preempted:
+            self._admit(chosen, budget)
+        for seq, num_new in chosen:
+            computed = seq.num_computed_tokens
+            seq.num_computed_tokens += num_new
+            batch.items.append(ScheduledSequence(seq, num_new, computed, seq.num_computed_tokens == seq.num_tokens))
+            if seq.needs_prompt_logits:
+                batch.wants_prompt_logits = True
+        return batch
+
+    def _admit(self, chosen: list[tuple[Sequence, int]], budget: int) -> None:
+        """Move waiting sequences to running while the token budget, the batch size and the
+        free blocks allow."""
+        bm = self.block_manager
         if self.policy == "static" and not self.running and self._cohort_slots == 0:
             self._cohort_slots = min(self.max_num_seqs, len(self.waiting))
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -109,16 +144,34 @@ class Scheduler:
             if seq.first_scheduled_step is None:
                 seq.first_scheduled_step = self.step_count
             self.running.append(seq)
-            batch.items.append((seq, num_new))
+            chosen.append((seq, num_new))
             budget -= num_new
             if self.policy == "static":
                 self._cohort_slots -= 1
-        return batch
 
-    def add_running(self, seq: Sequence) -> None:
-        """A sequence forked from a running one: it already holds its blocks."""
-        seq.status = SequenceStatus.RUNNING
-        self.running.append(seq)
+    def update(self, sampled: Mapping[Sequence, int]) -> list[Sequence]:
+        """A step's post-processing. ``sampled`` maps every sequence that sampled this step
+        (forked samples included) to its new token: append it, check the stop conditions, and
+        finish and free the sequences it stops; returns those, in ``sampled``'s order."""
+        finished = []
+        for seq, token in sampled.items():
+            seq.token_ids.append(token)
+            reason = self.stop.finish_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
+                finished.append(seq)
+        return finished
+
+    def fork(self, parent: Sequence, child: Sequence) -> tuple[int, int] | None:
+        """Run ``child`` alongside ``parent`` from the parent's computed prompt: it shares the
+        parent's full blocks, and gets a fresh one for the partial block whose contents the
+        caller copies (the returned ``(source, destination)``; None when nothing to copy)."""
+        pair = self.block_manager.fork(parent, child)
+        child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
+        child.first_scheduled_step = parent.first_scheduled_step
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
+        return pair
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -29,7 +29,6 @@ class Sequence:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    arrival: int = 0
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
@@ -37,6 +36,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     stop_text_end: int | None = None  # where a stop string starts in the output text
+    incremental_text: Any = None  # engine.detokenizer.IncrementalText, once stop strings are searched
     num_cached_prompt_tokens: int = 0
     num_preemptions: int = 0
     first_scheduled_step: int | None = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from engine.block_manager import BlockManager
@@ -20,7 +20,6 @@ class EngineStats:
     decode_tokens: int = 0
     steps: int = 0
     running_seq_steps: int = 0  # sum over steps of running sequences, for the mean
-    kv_used_history: list[int] = field(default_factory=list)
     forked_samples: int = 0  # samples 1..n-1 of n > 1 requests, forked from sample 0
     fork_shared_blocks: int = 0  # full prompt KV blocks those samples share instead of recomputing
     fork_copied_blocks: int = 0  # partial last blocks copied for them
@@ -37,15 +36,16 @@ class EngineStats:
         running = len(scheduler.running)
         self.running_seq_steps += running
         self.peak_running_seqs = max(self.peak_running_seqs, running)
-        for seq, n in batch.items:
-            prompt_left = seq.num_prompt_tokens - seq.num_computed_tokens
+        for it in batch.items:
+            seq, computed = it.seq, it.num_computed_tokens
+            prompt_left = seq.num_prompt_tokens - computed
             if seq.num_preemptions:
-                prompt_left = seq.num_tokens - 1 - seq.num_computed_tokens  # recompute of outputs counts too
-            self.prompt_tokens_computed += max(0, min(n, prompt_left))
+                prompt_left = seq.num_tokens - 1 - computed  # recompute of outputs counts too
+            self.prompt_tokens_computed += max(0, min(it.num_new_tokens, prompt_left))
 
-    def on_computed(self, batch: ScheduledBatch, scheduler: Scheduler, bm: BlockManager) -> None:
+    def on_computed(self, scheduler: Scheduler, bm: BlockManager) -> None:
+        """After the forward pass, before finished sequences free their blocks."""
         used = bm.num_used_blocks
-        self.kv_used_history.append(used)
         if used > self.peak_used_blocks:
             self.peak_used_blocks = used
             unfilled = sum(bm.unfilled_slots(s) for s in scheduler.running)

@@ -2,32 +2,44 @@
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from engine.sequence import Sequence
 
+# Where a stop string starts in the sequence's output text, or None (see engine/output_processor.py).
+StopStringFinder = Callable[[Sequence], int | None]
 
-def finish_reason(
-    seq: Sequence, token: int, eos_token_ids: set[int], max_model_len: int, stop_matcher: Any = None,
-) -> str | None:
-    """Why the sequence stops after ``token``, or None. A grammar that is complete stops it too.
-    With a ``StopStringMatcher`` (engine/detokenizer.py) stop strings are matched incrementally."""
-    p = seq.params
-    if seq.matcher is not None:
-        if not seq.matcher.accept_token(token):
-            seq.matcher = None  # cannot happen with the mask applied; end the sample rather than loop
+
+@dataclass(frozen=True)
+class StopConditions:
+    """What ends a sequence besides its own sampling parameters: the model's EOS ids, its
+    context length, and the stop-string finder (None where there is no tokenizer)."""
+
+    eos_token_ids: frozenset[int] = frozenset()
+    max_model_len: int = sys.maxsize
+    find_stop_string: StopStringFinder | None = None
+
+    def finish_reason(self, seq: Sequence, token: int) -> str | None:
+        """Why the sequence stops after ``token`` (already appended), or None. A grammar that is
+        complete stops it too."""
+        p = seq.params
+        if seq.matcher is not None:
+            if not seq.matcher.accept_token(token):
+                seq.matcher = None  # cannot happen with the mask applied; end the sample rather than loop
+                return "stop"
+            if seq.matcher.is_terminated():
+                return "stop"
+        if not p.ignore_eos and token in self.eos_token_ids:
             return "stop"
-        if seq.matcher.is_terminated():
+        if token in p.stop_token_ids:
             return "stop"
-    if not p.ignore_eos and token in eos_token_ids:
-        return "stop"
-    if token in p.stop_token_ids:
-        return "stop"
-    if p.stop and stop_matcher is not None:
-        cut = stop_matcher.find(seq, p.stop)
-        if cut is not None:
-            seq.stop_text_end = cut
-            return "stop"
-    if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= max_model_len:
-        return "length"
-    return None
+        if p.stop and self.find_stop_string is not None:
+            cut = self.find_stop_string(seq)
+            if cut is not None:
+                seq.stop_text_end = cut
+                return "stop"
+        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None

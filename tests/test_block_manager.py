@@ -109,12 +109,7 @@ def test_no_leak_after_every_request_finishes():
         sched.add(s)
     while sched.has_unfinished():
         batch = sched.schedule()
-        for seq, n in batch.items:
-            seq.num_computed_tokens += n
-            if seq.num_computed_tokens == seq.num_tokens:
-                seq.token_ids.append(9)
-                if seq.num_output_tokens >= seq.params.max_tokens:
-                    sched.finish(seq, "length")
+        sched.update({it.seq: 9 for it in batch.items if it.samples})
     assert bm.num_free_blocks == bm.num_blocks
     assert all(c == 0 for c in bm.ref_counts)
 
@@ -126,12 +121,10 @@ def test_preemption_when_pool_is_full_frees_newest_and_requeues_it_first():
     sched.add(a)
     sched.add(b)
     batch = sched.schedule()
-    assert [s.request_id for s, _ in batch.items] == ["a", "b"]
-    for seq, n in batch.items:
-        seq.num_computed_tokens += n
-        seq.token_ids.append(3)
+    assert [s.request_id for s in batch.seqs] == ["a", "b"]
+    sched.update({s: 3 for s in batch.seqs})
     batch = sched.schedule()  # both need a third block; only "a" gets one
-    assert [s.request_id for s, _ in batch.items] == ["a"]
+    assert [s.request_id for s in batch.seqs] == ["a"]
     assert batch.preempted == [b] and sched.waiting[0] is b and b.num_computed_tokens == 0
     assert sched.num_preemptions == 1
 
@@ -141,21 +134,16 @@ def test_chunked_prefill_splits_a_long_prompt_under_the_budget():
     sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=10)
     running = make_seq("r", [1, 2, 3])
     sched.add(running)
-    batch = sched.schedule()
-    running.num_computed_tokens = 3
-    running.token_ids.append(4)
+    sched.update({it.seq: 4 for it in sched.schedule().items if it.samples})
     long = make_seq("long", list(range(25)))
     sched.add(long)
     chunks = []
     for _ in range(3):
         batch = sched.schedule()
-        items = {s.request_id: n for s, n in batch.items}
+        items = {it.seq.request_id: it.num_new_tokens for it in batch.items}
         assert items["r"] == 1  # the decode is never stalled
         chunks.append(items.get("long"))
-        for seq, n in batch.items:
-            seq.num_computed_tokens += n
-            if seq is running:
-                seq.token_ids.append(4)
+        sched.update({it.seq: 4 for it in batch.items if it.samples})
     assert chunks == [9, 9, 7]
 
 
@@ -168,12 +156,8 @@ def test_static_policy_admits_a_new_cohort_only_when_the_old_one_is_done():
     admitted_per_step = []
     while sched.has_unfinished():
         batch = sched.schedule()
-        admitted_per_step.append(sorted(s.request_id for s, n in batch.items if n > 1))
-        for seq, n in batch.items:
-            seq.num_computed_tokens += n
-            seq.token_ids.append(7)
-            if seq.num_output_tokens >= seq.params.max_tokens:
-                sched.finish(seq, "length")
+        admitted_per_step.append(sorted(it.seq.request_id for it in batch.items if it.num_new_tokens > 1))
+        sched.update({it.seq: 7 for it in batch.items if it.samples})
     # "0" finishes after one token but "2" waits until "1" is done too.
     assert admitted_per_step == [["0", "1"], [], [], ["2", "3"], [], []]
 
