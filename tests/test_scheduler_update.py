@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from engine.block_manager import BlockManager
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -139,3 +142,9 @@ def test_preempted_sequence_keeps_its_tokens_and_resumes_by_recomputing_them():
     ]
     assert sched.update({b: 7}) == [] and b.output_token_ids == [4, 7] and b.num_preemptions == 1
 
+def test_scheduler_and_block_manager_need_no_torch():
+    code = (
+        "import sys, engine.scheduler, engine.block_manager, engine.stopping; "
+        "sys.exit('torch' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
