@@ -44,6 +44,9 @@ def test_matches_full_decode_at_every_step(tokenizer, ids, stops):
 
 def test_incremental_text_is_the_full_decode_and_skips_special_tokens(tokenizer, ids):
     detokenizer = IncrementalDetokenizer(tokenizer)
+    decoded_lengths = []
+    decode = detokenizer.decode
+    detokenizer.decode = lambda ids: decoded_lengths.append(len(ids)) or decode(ids)
     seq = Sequence("r", [1, 2, 3], SamplingParams(max_tokens=len(ids)))
     held_back = 0
     for n, token in enumerate(ids, 1):
@@ -58,6 +61,7 @@ def test_incremental_text_is_the_full_decode_and_skips_special_tokens(tokenizer,
         else:
             assert state.text == full, n
     assert held_back > 0 and "<|im_end|>" not in state.text
+    assert max(decoded_lengths) <= 8  # each step decodes a few tokens around the new one, never the output
 
 
 def test_a_stop_string_spanning_tokens_matches_on_the_token_that_completes_it(tokenizer, ids):

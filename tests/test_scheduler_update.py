@@ -43,7 +43,11 @@ def test_schedule_counts_the_step_as_computed_and_says_who_samples():
         (a, 5, 0, True), (b, 2, 0, False)  # b's prompt is chunked: no logits to sample from yet
     ]
     assert a.num_computed_tokens == 5 and b.num_computed_tokens == 2
-    assert not batch.wants_prompt_logits
+    assert not batch.wants_prompt_logits  # the runner skips its prompt-logprob pass
+    c = make_seq("c", [3] * 4, prompt_logprobs=0)
+    sched.add(c)
+    sched.update({a: 9})
+    assert sched.schedule().wants_prompt_logits
 
 
 def test_update_appends_the_token_and_the_sequence_keeps_running():

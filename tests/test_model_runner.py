@@ -1,0 +1,54 @@
+"""The model runner owns the device side: it sizes, allocates and binds the KV pool itself."""
+
+from __future__ import annotations
+
+import torch
+
+from engine import EngineConfig, cuda_profile
+from engine.attention import get_backend
+from engine.device_features import DeviceFeatures
+from engine.model_loader import load_model
+from engine.model_runner import ModelRunner
+
+
+def runner_for(tiny_model_dir, features: DeviceFeatures, **config) -> ModelRunner:
+    cfg = EngineConfig(model=str(tiny_model_dir), **config)
+    model = load_model(tiny_model_dir, torch.float32, "cpu", 128)
+    return ModelRunner(model, get_backend("torch", "cpu"), cfg, 128, "cpu", features)
+
+
+def test_the_runner_allocates_and_binds_the_pool(tiny_model_dir):
+    runner = runner_for(tiny_model_dir, DeviceFeatures("torch", cuda_graphs=False, profile_kv_pool=False),
+                        num_kv_blocks=12)
+    assert runner.num_kv_blocks == 12 and runner.kv_pool.shape[2 + runner.backend.block_axis] == 12
+    for i, attn in enumerate(runner.model.attention_layers()):
+        assert attn.k_cache.data_ptr() == runner.kv_pool[0, i].data_ptr()
+        assert attn.v_cache.data_ptr() == runner.kv_pool[1, i].data_ptr()
+    # Without num_kv_blocks on a CPU, the pool is what kv_cache_memory_gb holds.
+    per_block = 2 * 2 * 16 * 2 * 16 * 4  # k and v, 2 layers, 16 tokens, 2 kv heads, head_dim 16, float32
+    sized = runner_for(tiny_model_dir, DeviceFeatures("torch", cuda_graphs=False, profile_kv_pool=False),
+                       kv_cache_memory_gb=per_block * 40 / 2**30)
+    assert sized.num_kv_blocks == 40
+
+
+def test_profiling_runs_one_full_budget_step_and_lets_go_of_the_probe_pool(tiny_model_dir, monkeypatch):
+    """The GPU sizing path, run on a CPU with the CUDA memory calls stubbed: the budget of 300
+    tokens is split at the 128-token context into 128 + 128 + 44 (8 + 8 + 3 blocks), and the
+    probe pool's bytes are taken out of the measured peak."""
+    seen = {}
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 10**9)
+
+    def blocks_from_cuda_memory(device, utilization, peak, per_block):
+        seen.update(peak=peak, per_block=per_block, utilization=utilization)
+        return 21
+
+    monkeypatch.setattr(cuda_profile, "blocks_from_cuda_memory", blocks_from_cuda_memory)
+    runner = runner_for(tiny_model_dir, DeviceFeatures("torch", cuda_graphs=False, profile_kv_pool=True),
+                        max_num_batched_tokens=300, gpu_memory_utilization=0.5)
+    per_block = 2 * 2 * 16 * 2 * 16 * 4
+    assert seen == {"peak": 10**9 - 19 * per_block, "per_block": per_block, "utilization": 0.5}
+    assert runner.num_kv_blocks == 21 and runner.kv_pool.shape[2 + runner.backend.block_axis] == 21
+    assert runner.model.attention_layers()[0].k_cache.data_ptr() == runner.kv_pool[0, 0].data_ptr()
