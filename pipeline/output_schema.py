@@ -12,18 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline.output_columns import FIXED_COLUMNS
 from pipeline.plan import JobPlan
-
-FIXED_COLUMNS: dict[str, pa.DataType] = {
-    "id": pa.string(),
-    "output": pa.string(),
-    "finish_reason": pa.string(),
-    "prompt_tokens": pa.int64(),
-    "output_tokens": pa.int64(),
-    "cached_prompt_tokens": pa.int64(),
-    "error": pa.string(),  # null when the row is fine
-    "latency_s": pa.float64(),
-}
 
 _EXTRA_TYPES = {
     "string": pa.string(),
@@ -60,9 +50,9 @@ def output_schema(plan: JobPlan) -> pa.Schema:
             raise SchemaError(f"passthrough field {name!r} clashes with an output column")
         seen.add(name)
         fields.append(pa.field(name, pa.string()))
-    for name, t in FIXED_COLUMNS.items():
+    for name, type_name in FIXED_COLUMNS.items():
         if name != "id":
-            fields.append(pa.field(name, t))
+            fields.append(pa.field(name, _EXTRA_TYPES[type_name]))
             seen.add(name)
     for name, type_name in plan.extra_columns.items():
         if name in seen:

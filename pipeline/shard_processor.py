@@ -40,6 +40,7 @@ from connectors import (
 from engine import LLMEngine, RequestError
 from pipeline.hooks import RowRejected, load_hook
 from pipeline.openai_output import OPENAI_LINE_KEY, jsonl_name, lines_to_jsonl, openai_line
+from pipeline.output_columns import empty_result
 from pipeline.output_schema import coerce_extra, output_schema, passthrough_value, rows_to_table
 from pipeline.part_info import read_part_result, result_metadata
 from pipeline.plan import JobPlan
@@ -517,10 +518,8 @@ class ShardProcessor:
         row: dict[str, Any] = {"id": record.id}
         for name in self.plan.passthrough_fields:
             row[name] = passthrough_value(record.fields.get(name))
-        row.update(
-            output=None, finish_reason="error" if values.get("error") else None, prompt_tokens=0,
-            output_tokens=0, cached_prompt_tokens=0, error=None, latency_s=0.0,
-        )
+        row.update(empty_result())
+        row["finish_reason"] = "error" if values.get("error") else None
         row.update(values)
         if row["error"] and row["finish_reason"] is None:
             row["finish_reason"] = "error"
