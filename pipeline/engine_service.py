@@ -4,7 +4,7 @@ A Celery task runs one shard start to finish, so a worker that runs the engine i
 the task drains the batch at every shard boundary: the last long requests of a shard
 decode alone until the next task arrives. Here the shard tasks (Celery's ``threads``
 pool, several at once) only queue their shard and wait for its result, while this
-service's single thread keeps one ``ShardProcessor`` running over a live feed of those
+service's single thread keeps one ``ShardDriver`` running over a live feed of those
 shards: the next shard's rows are admitted while the previous one's tail still decodes.
 
 Only shards of the same plan share a run (one plan = one prompt, sampling and output
@@ -35,8 +35,8 @@ from connectors import ShardRef
 from pipeline.engine_cache import get_engine, rebuild_engine
 from pipeline.metrics import step_observer
 from pipeline.plan import JobPlan
-from pipeline.shard_processor import ProgressCallback, ShardProcessor, ShardProgress
-from pipeline.shard_result import ShardResult
+from pipeline.shard_driver import ProgressCallback, ShardDriver
+from pipeline.shard_outcome import ShardOutcome, ShardState
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def plan_key(plan: JobPlan) -> str:
 
 
 class _PlanFeed:
-    """The service's queued shards of one plan, as a ``ShardFeed`` for one processor run."""
+    """The service's queued shards of one plan, as a ``ShardFeed`` for one driver run."""
 
     def __init__(self, service: EngineService, key: str) -> None:
         self.service, self.key = service, key
@@ -72,38 +72,14 @@ class _PlanFeed:
         self.handing_back = False  # the grace period ran out: open shards are given back
 
     def next_shard(self, wait: bool) -> ShardRef | None:
-        with self.service._cond:
-            task = self._take()
-            if task is None and wait and not self.closed:
-                self.service._cond.wait(IDLE_WAIT_S)
-                task = self._take()
+        task = self.service.take_task(self, wait)
         if task is None:
             return None
         self.taken[task.shard.index] = task
         return task.shard
 
-    def _take(self) -> _ShardTask | None:
-        """The first queued shard of this plan; none once another plan waits (it goes next).
-
-        A shard whose index is already open here (a redelivered duplicate) waits until
-        the first copy is written, and is then found current and skipped.
-        """
-        queue = self.service._queue
-        if self.service.draining:
-            self.closed = True
-        if self.closed:
-            return None
-        for task in queue:
-            if task.plan_key != self.key:
-                self.closed = True
-                return None
-            if task.shard.index not in self.taken:
-                queue.remove(task)
-                return task
-        return None
-
-    def notify(self, progress: ShardProgress) -> None:
-        if self.handing_back and progress.state == "cancelled":
+    def notify(self, progress: ShardOutcome) -> None:
+        if self.handing_back and progress.state == ShardState.CANCELLED:
             return  # not cancelled: handed back, and the task reports that itself
         task = self.taken.get(progress.index)
         if task is not None and task.on_progress is not None:
@@ -121,7 +97,7 @@ class _PlanFeed:
 
 
 class EngineService:
-    """``EngineService().process(plan, shard, ...)`` blocks until that shard's ShardResult is ready.
+    """``EngineService().run_shard(plan, shard, ...)`` blocks until that shard's ShardOutcome is ready.
 
     ``cross_shard=False`` gives the old behaviour (drain between shards), for benchmarks.
     """
@@ -140,6 +116,33 @@ class EngineService:
 
     def hand_back_due(self) -> bool:
         return self._hand_back_at is not None and time.monotonic() >= self._hand_back_at
+
+    def take_task(self, feed: _PlanFeed, wait: bool) -> _ShardTask | None:
+        """The next queued shard for ``feed``'s run; with ``wait``, waits a moment for one."""
+        with self._cond:
+            task = self._take(feed)
+            if task is None and wait and not feed.closed:
+                self._cond.wait(IDLE_WAIT_S)
+                task = self._take(feed)
+        return task
+
+    def _take(self, feed: _PlanFeed) -> _ShardTask | None:
+        """The first queued shard of the feed's plan; none once another plan waits (it goes next),
+        and then the feed is closed. A shard whose index is already open in the feed (a
+        redelivered duplicate) waits until the first copy is written, and is then found
+        current and skipped."""
+        if self.draining:
+            feed.closed = True
+        if feed.closed:
+            return None
+        for task in self._queue:
+            if task.plan_key != feed.key:
+                feed.closed = True
+                return None
+            if task.shard.index not in feed.taken:
+                self._queue.remove(task)
+                return task
+        return None
 
     def drain(self, grace_s: float) -> None:
         """Shutting down: take no new shards, hand back the queued ones now, and the open ones
@@ -163,7 +166,7 @@ class EngineService:
         should_stop: Callable[[], bool] | None = None,
         worker: str | None = None,
     ) -> Future:
-        """Queue a shard; the future resolves to its ShardResult dict (it never raises for a bad shard)."""
+        """Queue a shard; the future resolves to its ShardOutcome (it never raises for a bad shard)."""
         future: Future = Future()
         task = _ShardTask(plan, plan_key(plan), shard, on_progress, should_stop, worker or "", future)
         with self._cond:
@@ -174,7 +177,8 @@ class EngineService:
             self._cond.notify_all()
         return future
 
-    def process(self, plan: JobPlan, shard: ShardRef, **kwargs: Any) -> dict[str, Any]:
+    def run_shard(self, plan: JobPlan, shard: ShardRef, **kwargs: Any) -> ShardOutcome:
+        """Queue a shard and wait for its outcome (see ``submit``)."""
         future = self.submit(plan, shard, **kwargs)
         self.start()
         return future.result()
@@ -211,24 +215,24 @@ class EngineService:
             self._run_plan(first)
 
     def _run_plan(self, first: _ShardTask) -> None:
-        """One processor run over every queued shard of ``first``'s plan, until another plan waits."""
+        """One driver run over every queued shard of ``first``'s plan, until another plan waits."""
         feed = _PlanFeed(self, first.plan_key)
         settings = first.plan.engine
         try:
-            processor = ShardProcessor(
+            driver = ShardDriver(
                 get_engine(settings), first.plan, cross_shard=self.cross_shard, on_progress=feed.notify,
                 should_stop=feed.should_stop, engine_factory=lambda: rebuild_engine(settings),
                 worker=first.worker or None, on_step=step_observer(first.plan),
             )
-            for result in processor.run(feed):
-                task = feed.taken.pop(result["index"], None)
+            for outcome in driver.run(feed):
+                task = feed.taken.pop(outcome.index, None)
                 if task is None:
                     continue
-                if feed.handing_back and result["status"] == "cancelled":
+                if feed.handing_back and outcome.state == ShardState.CANCELLED:
                     task.future.set_exception(ShardHandedBack(
                         f"shard {task.shard.index}: worker shutting down, not finished within the grace period"))
                 else:
-                    task.future.set_result(result)
+                    task.future.set_result(outcome)
         except BaseException as exc:  # a bug, an engine that cannot be built, a hook calling sys.exit:
             # fail these shards and keep serving; a dead service thread would leave every task waiting
             log.exception("engine service run failed")
@@ -241,9 +245,9 @@ class EngineService:
                     feed.taken.update({t.shard.index: t for t in stranded})
             for task in feed.taken.values():
                 with contextlib.suppress(Exception):  # the shard's state must not stay "running"
-                    feed.notify(ShardProgress(task.shard.index, task.shard.url, "failed", reason=reason))
+                    feed.notify(ShardOutcome(task.shard.index, task.shard.url, ShardState.FAILED, reason=reason))
                 task.future.set_result(
-                    ShardResult(task.shard.index, task.shard.url, "failed", reason=reason, worker=task.worker).to_dict()
+                    ShardOutcome(task.shard.index, task.shard.url, ShardState.FAILED, reason=reason, worker=task.worker)
                 )
             feed.taken.clear()
 

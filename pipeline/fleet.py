@@ -32,8 +32,7 @@ from pipeline.job_state import JobStateStore
 from pipeline.manifest import public_url, utc_now
 from pipeline.plan import JobPlan
 from pipeline.publish import begin_output
-from pipeline.shard_result import RETRYING
-from pipeline.shard_result import STATUSES as TERMINAL_STATES
+from pipeline.shard_outcome import TERMINAL_STATES, ShardState
 
 FINAL_STATES = ("succeeded", "completed_with_errors", "cancelled", "failed")
 
@@ -160,8 +159,8 @@ def live_status(job_id: str, meta: dict[str, Any], shards: dict[int, dict[str, A
         }
         for i, s in shards.items()
     ]
-    count = {state: sum(r["state"] == state for r in rows)
-             for state in ("queued", "running", RETRYING, *TERMINAL_STATES)}
+    count = {state.value: sum(r["state"] == state for r in rows)
+             for state in (ShardState.QUEUED, ShardState.RUNNING, ShardState.RETRYING, *TERMINAL_STATES)}
     started = [s["started_at"] for s in shards.values() if s.get("started_at")]
     finished = meta.get("finished_at")
     elapsed = ((finished or now) - min(started)) if started else 0.0
@@ -219,7 +218,8 @@ def _status_from_output(plan: JobPlan) -> dict[str, Any]:
             for s in listed
         ]
         status, elapsed = "unknown", 0.0
-    count = {state: sum(r["state"] == state for r in rows) for state in ("queued", "running", *TERMINAL_STATES)}
+    count = {state.value: sum(r["state"] == state for r in rows)
+             for state in (ShardState.QUEUED, ShardState.RUNNING, *TERMINAL_STATES)}
     output_tokens = sum(r["output_tokens"] for r in rows)
     return {
         "job_id": plan.job_id, "name": plan.name, "status": status, "output_url": public_url(plan.output_url),

@@ -1,6 +1,6 @@
 """Embedded mode: run a whole job in this process, no broker needed.
 
-All shards go through one ShardProcessor, so the engine stays full across shard
+All shards go through one ShardDriver, so the engine stays full across shard
 boundaries. An earlier run's ``_SUCCESS`` is removed before any part is replaced; the
 manifest is written at the end, ``_SUCCESS`` only when it says succeeded.
 """
@@ -20,7 +20,8 @@ from pipeline.metrics import step_observer
 from pipeline.plan import JobPlan
 from pipeline.progress import RunProgress
 from pipeline.publish import begin_output, publish
-from pipeline.shard_processor import ShardProcessor, ShardProgress
+from pipeline.shard_driver import ShardDriver
+from pipeline.shard_outcome import ShardOutcome, ShardState
 from pipeline.summary import run_report_hook, run_summary_hook
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ def run_embedded(
     cross_shard: bool = True,
     engine: LLMEngine | None = None,
     should_stop: Callable[[], bool] | None = None,
-    on_progress: Callable[[ShardProgress], None] | None = None,
+    on_progress: Callable[[ShardOutcome], None] | None = None,
 ) -> dict[str, Any]:
     """Process every shard of ``plan`` here and return the manifest (also written to the output).
 
@@ -49,25 +50,25 @@ def run_embedded(
     begin_output(plan)
     engine = engine or get_engine(plan.engine)
     before = engine.stats()
-    processor = ShardProcessor(
+    driver = ShardDriver(
         engine, plan, cross_shard=cross_shard, should_stop=should_stop,
         engine_factory=lambda: rebuild_engine(plan.engine), on_step=step_observer(plan),
     )
-    results: list[dict[str, Any]] = []
+    outcomes: list[ShardOutcome] = []
     with RunProgress(len(shards), engine, enabled=progress) as bar:
-        processor.on_progress = bar if on_progress is None else (lambda p: (bar(p), on_progress(p)))
-        for result in processor.run(shards):
-            if result["status"] == "failed":
-                log.warning("shard %d (%s) failed: %s", result["index"], result["url"], result["reason"])
-            results.append(result)
+        driver.on_progress = bar if on_progress is None else (lambda p: (bar(p), on_progress(p)))
+        for outcome in driver.run(shards):
+            if outcome.state == ShardState.FAILED:
+                log.warning("shard %d (%s) failed: %s", outcome.index, outcome.url, outcome.reason)
+            outcomes.append(outcome)
     elapsed = time.perf_counter() - t0
-    stats = engine_delta(before, processor.engine.stats())
+    stats = engine_delta(before, driver.engine.stats())
     manifest = build_manifest(
-        plan, results, mode="embedded", started_at=started_at, elapsed_s=elapsed, engine_stats=stats,
-        summary=run_summary_hook(plan, results),
+        plan, outcomes, mode="embedded", started_at=started_at, elapsed_s=elapsed, engine_stats=stats,
+        summary=run_summary_hook(plan, outcomes),
     )
     report = run_report_hook(plan, manifest)
     if report:
         manifest["report"] = report
-    publish(plan, manifest, results)
+    publish(plan, manifest, outcomes)
     return manifest

@@ -19,12 +19,13 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from engine import LLMEngine, SamplingParams
+from engine import SamplingParams
 from engine.chat import special_token_strings
 from pipeline.plan import JobPlan
 
 if TYPE_CHECKING:
     from pipeline.row_requests import RowGroup, SubRequest
+    from pipeline.shard_engine import PromptEngine
 
 
 def scored_sum(out: Any, token_ids: list[int], start: int) -> float:
@@ -52,7 +53,7 @@ def parse_choices(value: Any, field: str, row: int) -> list[str]:
 class Scorer:
     """The ``loglikelihood`` and ``perplexity`` request modes."""
 
-    def __init__(self, plan: JobPlan, engine: LLMEngine) -> None:
+    def __init__(self, plan: JobPlan, engine: PromptEngine) -> None:
         self.plan = plan
         self.engine = engine
         options = plan.mode_options

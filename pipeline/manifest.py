@@ -23,6 +23,7 @@ from typing import Any
 
 from connectors import part_name, public_url
 from pipeline.plan import JobPlan
+from pipeline.shard_outcome import TERMINAL_STATES, ShardOutcome, ShardState
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +41,12 @@ def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def job_state(results: list[dict[str, Any]], cancelled: bool = False) -> str:
-    statuses = {r["status"] for r in results}
-    if cancelled or "cancelled" in statuses:
+def final_status(outcomes: list[ShardOutcome], cancelled: bool = False) -> str:
+    """The job's status from its shards' outcomes (see the module docstring)."""
+    states = {o.state for o in outcomes}
+    if cancelled or ShardState.CANCELLED in states:
         return "cancelled"
-    if "failed" in statuses:
+    if ShardState.FAILED in states:
         return "completed_with_errors"
     return "succeeded"
 
@@ -59,20 +61,21 @@ def engine_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
     return out
 
 
-def _worker_engine_stats(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _worker_engine_stats(outcomes: list[ShardOutcome]) -> dict[str, dict[str, Any]]:
     """Each worker's engine counters as of its last shard here (they count from the engine's
     start, so on a worker that served only this job they describe the job's batches)."""
     latest: dict[str, dict[str, Any]] = {}
-    for r in results:
-        engine, worker = r.get("engine") or {}, r.get("worker")
+    for o in outcomes:
+        engine, worker = o.engine, o.worker
         if worker and "steps" in engine and engine["steps"] >= latest.get(worker, {}).get("steps", -1):
             latest[worker] = {k: engine[k] for k in ("steps", "mean_running_seqs", "kv_peak_usage", "preemptions")
                               if k in engine}
     return dict(sorted(latest.items()))
 
 
-def _shard_entry(result: dict[str, Any]) -> dict[str, Any]:
-    entry = {k: result.get(k) for k in _SHARD_FIELDS}
+def _shard_entry(outcome: ShardOutcome) -> dict[str, Any]:
+    result = outcome.to_result_dict()
+    entry = {k: result[k] for k in _SHARD_FIELDS}
     entry["url"] = public_url(entry["url"] or "")
     entry["reason"] = public_url(entry["reason"]) if entry["reason"] else entry["reason"]
     entry["part"] = part_name(entry["part"]) if entry["part"] else None
@@ -81,7 +84,7 @@ def _shard_entry(result: dict[str, Any]) -> dict[str, Any]:
 
 def build_manifest(
     plan: JobPlan,
-    results: list[dict[str, Any]],
+    outcomes: list[ShardOutcome],
     *,
     mode: str,
     started_at: str,
@@ -90,28 +93,29 @@ def build_manifest(
     summary: Any = None,
     cancelled: bool = False,
 ) -> dict[str, Any]:
-    results = sorted(results, key=lambda r: r["index"])
-    shards = [_shard_entry(r) for r in results]
-    count = {s: sum(r["status"] == s for r in results) for s in ("done", "skipped", "failed", "cancelled")}
+    outcomes = sorted(outcomes, key=lambda o: o.index)
+    shards = [_shard_entry(o) for o in outcomes]
+    count = {s.value: sum(o.state == s for o in outcomes) for s in TERMINAL_STATES}
+    counts = [o.counts.to_dict() for o in outcomes]
     totals = {
-        "shards": len(results),
+        "shards": len(outcomes),
         **{f"shards_{k}": v for k, v in count.items()},
-        **{k: sum(r.get(k) or 0 for r in results) for k in (
-            "rows", "errors", "prompt_tokens", "output_tokens", "cached_prompt_tokens")},
+        **{k: sum(c[k] for c in counts) for k in ("rows", "errors", "prompt_tokens", "output_tokens",
+                                                   "cached_prompt_tokens")},
     }
-    processed = [r for r in results if r["status"] == "done"]
+    done = [o for o in outcomes if o.state == ShardState.DONE]
     stats: dict[str, Any] = {
         "elapsed_s": round(elapsed_s, 3),
-        "output_tokens_per_s": round(sum(r["output_tokens"] for r in processed) / elapsed_s, 2) if elapsed_s else 0.0,
-        "rows_per_s": round(sum(r["rows"] for r in processed) / elapsed_s, 2) if elapsed_s else 0.0,
-        "prefix_cache_hit_tokens": sum(r.get("cached_prompt_tokens") or 0 for r in processed),
-        "kv_peak_usage": max((r.get("engine", {}).get("kv_peak_usage", 0.0) for r in results), default=0.0),
-        "workers": sorted({r["worker"] for r in processed if r.get("worker")}),
-        "worker_engine_stats": _worker_engine_stats(processed),
+        "output_tokens_per_s": round(sum(o.counts.output_tokens for o in done) / elapsed_s, 2) if elapsed_s else 0.0,
+        "rows_per_s": round(sum(o.counts.rows for o in done) / elapsed_s, 2) if elapsed_s else 0.0,
+        "prefix_cache_hit_tokens": sum(o.counts.cached_prompt_tokens for o in done),
+        "kv_peak_usage": max((o.engine.get("kv_peak_usage", 0.0) for o in outcomes), default=0.0),
+        "workers": sorted({o.worker for o in done if o.worker}),
+        "worker_engine_stats": _worker_engine_stats(done),
     }
     if engine_stats:
         stats.update(engine_stats)
-    state = job_state(results, cancelled)
+    state = final_status(outcomes, cancelled)
     return {
         "job_id": plan.job_id,
         "name": plan.name,

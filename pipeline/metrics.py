@@ -1,7 +1,7 @@
 """Prometheus metrics of a worker's engine and shards (``tokenmill worker --metrics-port N``).
 
 Counters follow the rows and tokens a shard reports as it goes, and are trued up to the
-shard's final ShardResult when it ends, so at the end of a job they equal the manifest's
+shard's final ShardOutcome when it ends, so at the end of a job they equal the manifest's
 totals. Engine gauges and the step histogram are fed after every engine step. Every
 series is labelled with the job kind and model (the model's registry name, or the last
 component of its path). The latest engine reading is also kept in ``snapshot()`` so the
@@ -17,6 +17,8 @@ from pathlib import PurePath
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from pipeline.shard_outcome import ShardOutcome, ShardState
 
 LABELS = ("kind", "model")
 
@@ -65,7 +67,7 @@ def snapshot() -> dict[str, Any]:
 
 
 def step_observer(plan: Any) -> Callable[[Any, float], None]:
-    """A ShardProcessor ``on_step(engine, seconds)`` callback for this plan's labels."""
+    """A ShardDriver ``on_step(engine, seconds)`` callback for this plan's labels."""
     labels = plan_labels(plan)
     last = {"engine": None, "queries": 0, "hits": 0}
 
@@ -102,13 +104,12 @@ def step_observer(plan: Any) -> Callable[[Any, float], None]:
 class ShardMeter:
     """Counts one shard's rows and tokens as its progress arrives, then trues them up to its result."""
 
-    _FIELDS = (("rows_done", "rows", ROWS), ("errors", "errors", ROW_ERRORS),
-               ("prompt_tokens", "prompt_tokens", PROMPT_TOKENS), ("output_tokens", "output_tokens", OUTPUT_TOKENS),
-               ("cached_prompt_tokens", "cached_prompt_tokens", CACHED_PROMPT_TOKENS))
+    _FIELDS = (("rows", ROWS), ("errors", ROW_ERRORS), ("prompt_tokens", PROMPT_TOKENS),
+               ("output_tokens", OUTPUT_TOKENS), ("cached_prompt_tokens", CACHED_PROMPT_TOKENS))
 
     def __init__(self, plan: Any) -> None:
         self.labels = plan_labels(plan)
-        self.counted = {name: 0 for _, name, _ in self._FIELDS}
+        self.counted = {name: 0 for name, _ in self._FIELDS}
 
     def _add(self, name: str, counter: Counter, value: int) -> None:
         delta = int(value or 0) - self.counted[name]
@@ -116,20 +117,20 @@ class ShardMeter:
             counter.labels(*self.labels).inc(delta)
             self.counted[name] += delta
 
-    def progress(self, p: Any) -> None:
-        if p.state == "skipped":  # rows an earlier run produced: not this worker's work
+    def progress(self, p: ShardOutcome) -> None:
+        if p.state == ShardState.SKIPPED:  # rows an earlier run produced: not this worker's work
             return
-        for attr, name, counter in self._FIELDS:
-            self._add(name, counter, getattr(p, attr, 0))
+        for name, counter in self._FIELDS:
+            self._add(name, counter, getattr(p.counts, name))
 
-    def finish(self, result: dict[str, Any], retrying: bool = False) -> None:
+    def finish(self, result: ShardOutcome, retrying: bool = False) -> None:
         """``retrying``: a transient failure the task runs again (outcome ``retrying``, not ``failed``)."""
-        outcome = "retrying" if retrying else result.get("status", "failed")
-        if outcome != "skipped":
-            for _, name, counter in self._FIELDS:
-                self._add(name, counter, result.get(name, 0))
+        outcome = ShardState.RETRYING.value if retrying else result.state.value
+        if outcome != ShardState.SKIPPED:
+            for name, counter in self._FIELDS:
+                self._add(name, counter, getattr(result.counts, name))
         SHARDS.labels(*self.labels, outcome).inc()
-        SHARD_SECONDS.labels(*self.labels, outcome).observe(float(result.get("seconds") or 0.0))
+        SHARD_SECONDS.labels(*self.labels, outcome).observe(float(result.seconds or 0.0))
 
 
 def serve_metrics(port: int, addr: str = "0.0.0.0") -> None:

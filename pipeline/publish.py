@@ -13,23 +13,24 @@ from typing import Any
 
 from connectors import remove_stale_parts, remove_success_marker, write_manifest, write_success_marker
 from pipeline.plan import JobPlan
+from pipeline.shard_outcome import ShardOutcome
 
 log = logging.getLogger(__name__)
 
 
 def begin_output(plan: JobPlan) -> None:
-    """Called before any shard of a run is processed (submit, or the embedded runner's start)."""
+    """Called before any shard of a run starts (submit, or the embedded runner's start)."""
     remove_success_marker(plan.output_url, plan.output_options)
 
 
-def publish(plan: JobPlan, manifest: dict[str, Any], results: list[dict[str, Any]], *, prune: bool = True) -> None:
+def publish(plan: JobPlan, manifest: dict[str, Any], outcomes: list[ShardOutcome], *, prune: bool = True) -> None:
     """Write the manifest and, if it says succeeded, ``_SUCCESS``.
 
-    With ``prune`` (``results`` has every shard of the run) parts of no listed shard are
+    With ``prune`` (``outcomes`` has every shard of the run) parts of no listed shard are
     removed first. A failed shard's old part stays (a re-run may find it current), but only
     the manifest's ``parts`` belong to the job.
     """
-    parts = [r.get("part") for r in results]
+    parts = [o.part for o in outcomes]
     if prune and parts and all(parts):
         try:
             removed = remove_stale_parts(plan.output_url, parts, plan.output_options)

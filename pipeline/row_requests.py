@@ -14,9 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine import LLMEngine, RequestOutput, SamplingParams
+from engine import RequestOutput, SamplingParams
 from pipeline.openai_output import CHOICES_KEY, logprobs_content
 from pipeline.plan import JobPlan
+from pipeline.shard_engine import PromptEngine
 
 MODES = ("generate", "loglikelihood", "perplexity")
 
@@ -62,7 +63,7 @@ def _choice_dict(out: Any, tokenizer: Any, top: int | None) -> dict[str, Any]:
 class RequestBuilder:
     """Per plan: ``build`` turns a row into SubRequests, ``row_values`` their outputs into row fields."""
 
-    def __init__(self, plan: JobPlan, engine: LLMEngine) -> None:
+    def __init__(self, plan: JobPlan, engine: PromptEngine) -> None:
         if plan.request_mode not in MODES:
             raise ValueError(f"unknown request mode {plan.request_mode!r}: expected one of {', '.join(MODES)}")
         self.plan = plan

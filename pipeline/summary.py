@@ -23,6 +23,7 @@ from connectors import read_part_columns
 from pipeline.hooks import load_hook
 from pipeline.output_schema import output_schema
 from pipeline.plan import JobPlan
+from pipeline.shard_outcome import ShardOutcome, ShardState
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +31,10 @@ SUMMARY_COLUMNS = ("id", "error", "finish_reason", "prompt_tokens", "output_toke
 OUTPUT_KEY = "job_output"
 
 
-def job_parts(results: list[dict[str, Any]]) -> list[str]:
+def job_parts(outcomes: list[ShardOutcome]) -> list[str]:
     """Part ids of the done and skipped shards, in shard order."""
-    done = sorted((r for r in results if r["status"] in ("done", "skipped")), key=lambda r: r["index"])
-    return [r["part"] for r in done]
+    kept = sorted((o for o in outcomes if o.state in (ShardState.DONE, ShardState.SKIPPED)), key=lambda o: o.index)
+    return [o.part or "" for o in kept]
 
 
 def read_small_columns(plan: JobPlan, parts: list[str]) -> pa.Table:
@@ -57,12 +58,12 @@ def run_report_hook(plan: JobPlan, manifest: dict[str, Any]) -> dict[str, str] |
         return {"error": f"report hook {plan.report_hook} failed: {type(exc).__name__}: {exc}"}
 
 
-def run_summary_hook(plan: JobPlan, results: list[dict[str, Any]]) -> Any:
+def run_summary_hook(plan: JobPlan, outcomes: list[ShardOutcome]) -> Any:
     if not plan.summary_hook:
         return None
     try:
         fn = load_hook(plan.summary_hook)
-        parts = job_parts(results)
+        parts = job_parts(outcomes)
         table = read_small_columns(plan, parts)
         output = {"url": plan.output_url, "storage_options": plan.output_options, "parts": parts}
         summary = fn(table, {**plan.hook_options, OUTPUT_KEY: output})

@@ -2,7 +2,7 @@
 
 A shard task is safe to run twice: a shard whose part is already current is skipped,
 so a redelivery after a worker died (or a duplicate delivery) costs one footer read.
-Shard-level problems come back as a ``failed`` ShardResult instead of an exception, so
+Shard-level problems come back as a ``failed`` ShardOutcome instead of an exception, so
 one bad shard never stops the chord: the manifest lists it with its reason. A shard that
 failed on a transient error and will be retried is reported ``retrying``, never ``failed``,
 so a finalizer fired early (a redelivered duplicate counted twice by the chord) waits for
@@ -28,9 +28,7 @@ from pipeline.job_state import JobStateStore
 from pipeline.manifest import build_manifest, utc_now
 from pipeline.plan import JobPlan
 from pipeline.publish import publish
-from pipeline.shard_processor import ShardProgress
-from pipeline.shard_result import RETRYING, ShardResult
-from pipeline.shard_result import STATUSES as TERMINAL_STATES
+from pipeline.shard_outcome import ShardOutcome, ShardState
 from pipeline.summary import run_report_hook, run_summary_hook
 
 log = logging.getLogger(__name__)
@@ -56,7 +54,7 @@ def _store() -> JobStateStore | None:
 
 def will_be_retried(state: str, transient: bool, will_retry: bool) -> bool:
     """A failed shard whose task runs again: reported ``retrying``, never final."""
-    return state == "failed" and bool(transient) and will_retry
+    return state == ShardState.FAILED and bool(transient) and will_retry
 
 
 class _Reporter:
@@ -73,20 +71,24 @@ class _Reporter:
         self.started_at = time.time()
         self._last = 0.0
 
-    def __call__(self, p: ShardProgress) -> None:
+    def __call__(self, p: ShardOutcome) -> None:
+        self.report(p)
+
+    def report(self, p: ShardOutcome, *, throttle: bool = True) -> None:
+        """Write ``p``; a running shard's progress at most once a second unless ``throttle`` is off
+        (which also leaves the next progress free to be written at once)."""
         now = time.monotonic()
-        final = p.state != "running"
-        if self.store is None or (not final and now - self._last < 1.0):
+        final = p.state != ShardState.RUNNING
+        if self.store is None or (throttle and not final and now - self._last < 1.0):
             return
-        self._last = now
-        retrying = will_be_retried(p.state, p.transient, self.will_retry)
+        if throttle:
+            self._last = now
         state = {
-            "state": RETRYING if retrying else p.state, "url": p.url, "part": self.part,
-            "rows_done": p.rows_done, "errors": p.errors, "output_tokens": p.output_tokens,
-            "prompt_tokens": p.prompt_tokens, "reason": p.reason, "worker": self.worker, "started_at": self.started_at,
-            "cached_prompt_tokens": p.cached_prompt_tokens,
+            **p.to_state_dict(), "part": self.part, "worker": self.worker, "started_at": self.started_at,
             **{k: v for k, v in metrics.snapshot().items() if k in ("kv_usage", "prefix_hit_rate")},
         }
+        if will_be_retried(p.state, p.transient, self.will_retry):
+            state["state"] = ShardState.RETRYING.value
         if final:
             state["finished_at"] = time.time()
         try:
@@ -97,39 +99,40 @@ class _Reporter:
 
 def run_shard(
     plan: JobPlan, shard: ShardRef, store: JobStateStore | None, worker: str, will_retry: bool = False
-) -> dict[str, Any]:
-    """Process one shard in this worker's engine service (overlapping with the worker's other
-    shard tasks under the threads pool); always returns a ShardResult dict. ``will_retry``:
-    the caller runs the shard again after a transient failure."""
+) -> ShardOutcome:
+    """Run one shard in this worker's engine service (overlapping with the worker's other
+    shard tasks under the threads pool); always returns its outcome. ``will_retry``: the
+    caller runs the shard again after a transient failure."""
     reporter = _Reporter(store, plan.job_id, worker, shard.part_id, will_retry)
     meter = metrics.ShardMeter(plan)
     if store is not None and store.is_cancelled(plan.job_id):
-        result = ShardResult(shard.index, shard.url, "cancelled", reason="job cancelled", worker=worker,
-                             part=shard.part_id).to_dict()
-        reporter(ShardProgress(shard.index, shard.url, "cancelled", reason="job cancelled"))
-        meter.finish(result)
-        return result
-    reporter(ShardProgress(shard.index, shard.url, "running"))
-    reporter._last = 0.0
+        outcome = ShardOutcome(shard.index, shard.url, ShardState.CANCELLED, reason="job cancelled", worker=worker,
+                               part=shard.part_id)
+        reporter(outcome)
+        meter.finish(outcome)
+        return outcome
+    reporter.report(ShardOutcome(shard.index, shard.url, ShardState.RUNNING), throttle=False)
     should_stop = (lambda: store.is_cancelled(plan.job_id)) if store is not None else None
 
-    def on_progress(p: ShardProgress) -> None:
+    def on_progress(p: ShardOutcome) -> None:
         meter.progress(p)
         reporter(p)
 
-    result = engine_service().process(plan, shard, on_progress=on_progress, should_stop=should_stop, worker=worker)
-    meter.finish(result, retrying=will_be_retried(result["status"], bool(result.get("transient")), will_retry))
-    return result
+    outcome = engine_service().run_shard(plan, shard, on_progress=on_progress, should_stop=should_stop,
+                                         worker=worker)
+    meter.finish(outcome, retrying=will_be_retried(outcome.state, outcome.transient, will_retry))
+    return outcome
 
 
 @app.task(name="tokenmill.process_shard", bind=True, max_retries=MAX_TRANSIENT_RETRIES)
 def process_shard(self, plan_dict: dict[str, Any], shard_dict: dict[str, Any]) -> dict[str, Any]:
-    """Process one shard; transient storage failures are retried, then reported as failed."""
+    """Process one shard (what the broker delivers): run it, retry transient storage failures
+    (then report them as failed), and return its outcome as the task's result dict."""
     plan, shard = JobPlan.from_dict(plan_dict), ShardRef.from_dict(shard_dict)
     will_retry = self.request.retries < MAX_TRANSIENT_RETRIES
     store = _store()
     try:
-        result = run_shard(plan, shard, store, _worker_name(), will_retry)
+        outcome = run_shard(plan, shard, store, _worker_name(), will_retry)
     except ShardHandedBack as exc:  # the worker is shutting down: the broker gives it to another now
         log.warning("%s; requeued", exc)
         if store is not None:
@@ -137,26 +140,26 @@ def process_shard(self, plan_dict: dict[str, Any], shard_dict: dict[str, Any]) -
                 store.set_shard(plan.job_id, shard.index,
                                {"state": "queued", "url": shard.url, "part": shard.part_id, "reason": str(exc)})
         raise Reject(str(exc), requeue=True) from None
-    result["part"] = result.get("part") or shard.part_id
-    if will_be_retried(result["status"], result["transient"], will_retry):
-        log.warning("shard %d failed transiently, retrying: %s", shard.index, result["reason"])
+    outcome.part = outcome.part or shard.part_id
+    if will_be_retried(outcome.state, outcome.transient, will_retry):
+        log.warning("shard %d failed transiently, retrying: %s", shard.index, outcome.reason)
         raise self.retry(countdown=min(60, 5 * 2**self.request.retries))
-    return result
+    return outcome.to_result_dict()
 
 
 def _finish_job(
-    plan: JobPlan, results: list[dict[str, Any]], status: str | None = None, error: str | None = None
+    plan: JobPlan, outcomes: list[ShardOutcome], status: str | None = None, error: str | None = None
 ) -> dict[str, Any]:
-    """Build and publish the manifest; ``status`` overrides it (the job failed: results may be
+    """Build and publish the manifest; ``status`` overrides it (the job failed: outcomes may be
     partial, so no stale part is removed)."""
     store = _store()
     meta = store.meta(plan.job_id) if store is not None else {}
     submitted = meta.get("submitted_at") or time.time()
     manifest = build_manifest(
-        plan, results, mode="celery",
+        plan, outcomes, mode="celery",
         started_at=meta.get("submitted_at_iso") or utc_now(),
         elapsed_s=time.time() - submitted,
-        summary=run_summary_hook(plan, results) if status is None else None,
+        summary=run_summary_hook(plan, outcomes) if status is None else None,
     )
     if status is not None:
         manifest["status"], manifest["success_marker"], manifest["error"] = status, False, error
@@ -164,23 +167,10 @@ def _finish_job(
         report = run_report_hook(plan, manifest)
         if report:
             manifest["report"] = report
-    publish(plan, manifest, results, prune=status is None)
+    publish(plan, manifest, outcomes, prune=status is None)
     if store is not None:
         store.set_meta(plan.job_id, status=manifest["status"], finished_at=time.time())
     return manifest
-
-
-def _result_from_state(
-    index: int, state: dict[str, Any], failed_reason: str | None = None, part: str | None = None
-) -> dict[str, Any]:
-    """A ShardResult rebuilt from the progress a worker reported for the shard."""
-    status = state.get("state") if state.get("state") in TERMINAL_STATES else "failed"
-    reason = state.get("reason") or (failed_reason if status == "failed" else None)
-    return ShardResult(
-        index, state.get("url", ""), status, rows=state.get("rows_done", 0), errors=state.get("errors", 0),
-        reason=reason, output_tokens=state.get("output_tokens", 0), prompt_tokens=state.get("prompt_tokens", 0),
-        worker=state.get("worker"), part=state.get("part") or part,
-    ).to_dict()
 
 
 @app.task(name="tokenmill.finalize_job", bind=True, max_retries=FINALIZE_MAX_RETRIES)
@@ -200,23 +190,25 @@ def finalize_job(
     """
     plan = JobPlan.from_dict(plan_dict)
     parts = dict(zip(shard_indices or (), shard_parts or (), strict=False))
-    by_index = {r["index"]: r for r in results if isinstance(r, dict)}  # one per shard, even if redelivered
-    for i, r in by_index.items():
-        r["part"] = r.get("part") or parts.get(i)
+    by_index = {  # one per shard, even if redelivered
+        r["index"]: ShardOutcome.from_result_dict(r) for r in results if isinstance(r, dict)
+    }
+    for i, o in by_index.items():
+        o.part = o.part or parts.get(i)
     missing = [i for i in shard_indices or () if i not in by_index]
     if missing:
         store = _store()
         states = store.shards(plan.job_id) if store is not None else {}
         for i in missing:
-            if states.get(i, {}).get("state") in TERMINAL_STATES:
-                by_index[i] = _result_from_state(i, states[i], part=parts.get(i))
+            if ShardOutcome.is_final_state(states.get(i, {})):
+                by_index[i] = ShardOutcome.from_state_dict(i, states[i], part=parts.get(i))
         still = [i for i in missing if i not in by_index]
         if still and self.request.retries < FINALIZE_MAX_RETRIES:
             log.warning("job %s: shards %s not finished yet; finalize waits", plan.job_id, still)
             raise self.retry(countdown=FINALIZE_RETRY_S)
         for i in still:  # a message lost for good (e.g. a broker restarted without persistence)
             waited = FINALIZE_MAX_RETRIES * FINALIZE_RETRY_S / 3600
-            by_index[i] = _result_from_state(
+            by_index[i] = ShardOutcome.from_state_dict(
                 i, states.get(i, {}), f"no result after waiting {waited:.0f} h", part=parts.get(i)
             )
     manifest = _finish_job(plan, [by_index[i] for i in sorted(by_index)])
@@ -233,5 +225,5 @@ def job_failed(request: Any, exc: BaseException, traceback: Any, plan_dict: dict
     log.error("job %s failed: %s", plan.job_id, exc)
     store = _store()
     states = store.shards(plan.job_id) if store is not None else {}
-    results = [_result_from_state(i, s, f"job failed: {exc}") for i, s in states.items()]
-    _finish_job(plan, results, status="failed", error=f"{type(exc).__name__}: {exc}")
+    outcomes = [ShardOutcome.from_state_dict(i, s, f"job failed: {exc}") for i, s in states.items()]
+    _finish_job(plan, outcomes, status="failed", error=f"{type(exc).__name__}: {exc}")

@@ -111,10 +111,7 @@ class EmbeddedRunner:
         from pipeline.job_runner import run_embedded
 
         def on_progress(p: Any) -> None:
-            state = {"state": p.state, "url": p.url, "rows_done": p.rows_done, "errors": p.errors,
-                     "output_tokens": p.output_tokens, "reason": p.reason,
-                     "prompt_tokens": p.prompt_tokens, "cached_prompt_tokens": p.cached_prompt_tokens, "started_at": p.started_at,
-                     "updated_at": time.time(), "worker": "embedded",
+            state = {**p.to_state_dict(), "started_at": p.started_at, "updated_at": time.time(), "worker": "embedded",
                      **{k: v for k, v in metrics.snapshot().items() if k in ("kv_usage", "prefix_hit_rate")}}
             with self._lock:
                 job.shards[p.index] = state

@@ -10,11 +10,12 @@ from pipeline_support import local_put, make_plan, write_uniform_shards
 
 from connectors import list_shards, read_parts
 from pipeline.engine_service import EngineService, _PlanFeed, _ShardTask
-from pipeline.shard_processor import ShardProcessor, ShardProgress
+from pipeline.shard_driver import ShardDriver
+from pipeline.shard_outcome import ShardOutcome
 
 
 def _events(log: list[tuple[int, str]]):
-    def record(p: ShardProgress) -> None:
+    def record(p: ShardOutcome) -> None:
         if not log or log[-1] != (p.index, p.state):
             log.append((p.index, p.state))
 
@@ -37,7 +38,7 @@ def test_next_shard_is_admitted_while_the_previous_one_decodes(tmp_path: Path, t
     service.start()  # all three tasks are waiting, as under a worker's thread pool
     results = [f.result(timeout=300) for f in futures]
 
-    assert [(r["status"], r["rows"]) for r in results] == [("done", 5)] * 3
+    assert [(r.state, r.counts.rows) for r in results] == [("done", 5)] * 3
     assert sorted(read_parts(plan.output_url).column("id").to_pylist()) == sorted(ids)
     for shard in (1, 2):
         opened, previous_done = _first(log, (shard, "running")), _first(log, (shard - 1, "done"))
@@ -65,8 +66,8 @@ def test_plans_take_turns_and_a_broken_plan_fails_only_its_shards(tmp_path: Path
     service.start()
     results = [f.result(timeout=300) for f in futures]
 
-    assert [r["status"] for r in results] == ["done", "done", "failed", "done", "done"]
-    assert results[2]["reason"].startswith("cannot process: ")
+    assert [r.state for r in results] == ["done", "done", "failed", "done", "done"]
+    assert results[2].reason.startswith("cannot process: ")
     assert broken_events == [(0, "failed")]  # its state is reported, it does not stay "running"
     assert sorted(read_parts(plan_a.output_url).column("id").to_pylist()) == sorted(ids_a)
     assert sorted(read_parts(plan_b.output_url).column("id").to_pylist()) == sorted(ids_b)
@@ -81,8 +82,8 @@ def test_a_duplicate_delivery_waits_for_the_first_copy_and_is_skipped(tmp_path: 
     futures = [service.submit(plan, shard), service.submit(plan, shard)]
     service.start()
     first, second = (f.result(timeout=300) for f in futures)
-    assert (first["status"], second["status"]) == ("done", "skipped")
-    assert second["rows"] == first["rows"] == 4
+    assert (first.state, second.state) == ("done", "skipped")
+    assert second.counts.rows == first.counts.rows == 4
     assert sorted(read_parts(plan.output_url).column("id").to_pylist()) == sorted(ids)
 
 
@@ -95,7 +96,7 @@ def test_a_run_that_dies_fails_its_shards_and_the_service_keeps_serving(
     write_uniform_shards(local_put(inp), count=2, rows=3)
     plan = make_plan(str(inp), str(out), tiny_model_dir, job_id="svc-exit")
     first, second = list_shards(plan.input_url)
-    real_step = ShardProcessor._step
+    real_step = ShardDriver._step
     exits = []
 
     def step_once_exits(self) -> None:
@@ -104,13 +105,13 @@ def test_a_run_that_dies_fails_its_shards_and_the_service_keeps_serving(
             raise SystemExit("hook called exit")
         real_step(self)
 
-    monkeypatch.setattr(ShardProcessor, "_step", step_once_exits)
+    monkeypatch.setattr(ShardDriver, "_step", step_once_exits)
     service = EngineService()
     failed = service.submit(plan, first)
     service.start()
-    assert failed.result(timeout=300)["reason"] == "cannot process: SystemExit: hook called exit"
+    assert failed.result(timeout=300).reason == "cannot process: SystemExit: hook called exit"
     later = service.submit(plan, second)
-    assert later.result(timeout=300)["status"] == "done"
+    assert later.result(timeout=300).state == "done"
 
 
 def test_cancel_is_asked_through_any_task_of_the_run() -> None:

@@ -185,7 +185,7 @@ def test_a_shard_failing_transiently_is_retrying_not_failed_for_the_finalizer(tm
     _require_redis()
     from celery.exceptions import Retry
 
-    import pipeline.shard_processor as shard_processor
+    import pipeline.shard_opening as shard_opening
     from pipeline.fleet import job_status
     from pipeline.tasks import finalize_job, process_shard
 
@@ -197,14 +197,14 @@ def test_a_shard_failing_transiently_is_retrying_not_failed_for_the_finalizer(tm
     store.init_job(plan.job_id, {"name": plan.name, "submitted_at": time.time()}, [s.to_dict() for s in shards])
     try:
         first = process_shard(plan.to_dict(), shards[0].to_dict())
-        reader = shard_processor.read_records
+        reader = shard_opening.read_records
 
         def flaky(ref, **kwargs):
             if ref.index == 1:
                 raise ConnectionError("injected: connection reset by the object store")
             return reader(ref, **kwargs)
 
-        monkeypatch.setattr(shard_processor, "read_records", flaky)
+        monkeypatch.setattr(shard_opening, "read_records", flaky)
         with pytest.raises(Retry):
             process_shard(plan.to_dict(), shards[1].to_dict())
         indices = [s.index for s in shards]
@@ -214,7 +214,7 @@ def test_a_shard_failing_transiently_is_retrying_not_failed_for_the_finalizer(tm
         assert store.shards(plan.job_id)[1]["state"] == "retrying"
         assert job_status(plan.job_id)["status"] == "running"
 
-        monkeypatch.setattr(shard_processor, "read_records", reader)
+        monkeypatch.setattr(shard_opening, "read_records", reader)
         assert process_shard(plan.to_dict(), shards[1].to_dict())["status"] == "done"  # the retry
         done = finalize_job([first, first], plan.to_dict(), shard_indices=indices)
         assert done["status"] == "succeeded" and done["totals"]["rows"] == len(ids)

@@ -20,10 +20,7 @@ from pipeline_support import (
 )
 
 from connectors import list_shards, read_manifest, read_parts, success_marker_exists
-from pipeline.engine_cache import get_engine
-from pipeline.hooks import HookError
 from pipeline.job_runner import run_embedded
-from pipeline.shard_processor import ShardProcessor
 
 
 @pytest.fixture
@@ -140,72 +137,6 @@ def test_row_hook_extra_columns_and_summary(dirs, tiny_model_dir, hook_module) -
     assert manifest["totals"]["errors"] == 1
 
 
-def test_hooks_outside_jobs_are_rejected(dirs, tiny_model_dir) -> None:
-    inp, out = dirs
-    plan = make_plan(str(inp), str(out), tiny_model_dir, row_hook="os:system")
-    with pytest.raises(HookError):
-        ShardProcessor(get_engine(plan.engine), plan)
-
-
-def test_engine_fault_fails_the_shards_in_it_and_keeps_serving(dirs, tiny_model_dir, monkeypatch) -> None:
-    """A step that raises outside any one request (the engine itself broke) is not the rows'
-    fault: the shards with rows in the engine fail with the reason and commit nothing (no
-    error rows that a re-run would skip as current); later shards are served; a re-run
-    writes every row once."""
-    inp, out = dirs
-    ids = write_uniform_shards(local_put(inp), count=3, rows=10)
-    plan = make_plan(str(inp), str(out), tiny_model_dir)
-    engine = get_engine(plan.engine)
-    real_step, calls = engine.step, {"n": 0}
-
-    def flaky_step():
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise RuntimeError("simulated kernel crash")
-        return real_step()
-
-    monkeypatch.setattr(engine, "step", flaky_step)
-    results = list(ShardProcessor(engine, plan).run(list_shards(plan.input_url)))
-    failed = [r for r in results if r["status"] == "failed"]
-    assert failed and results[-1]["status"] == "done"  # the shard opened after the fault was served
-    assert all(r["reason"] == "engine failed: RuntimeError: simulated kernel crash" and r["transient"] for r in failed)
-    assert not engine.has_unfinished()
-    table = read_parts(plan.output_url)
-    assert not any(table.column("error").to_pylist())  # no rows blamed for the engine's fault
-    assert len(table) == 10 * (3 - len(failed))
-
-    monkeypatch.setattr(engine, "step", real_step)
-    again = list(ShardProcessor(engine, plan).run(list_shards(plan.input_url)))
-    assert sorted(r["status"] for r in again) == sorted(["done"] * len(failed) + ["skipped"] * (3 - len(failed)))
-    out_ids = read_parts(plan.output_url).column("id").to_pylist()
-    assert sorted(out_ids) == sorted(ids) and len(out_ids) == len(set(out_ids))
-
-
-def test_cross_shard_feeding_overlaps_shards(dirs, tiny_model_dir) -> None:
-    """The next shard's rows enter the engine while the previous shard still decodes;
-    with cross_shard=False the engine drains first."""
-    inp, out = dirs
-    write_uniform_shards(local_put(inp), count=4, rows=5)
-    plan = make_plan(str(inp), str(out), tiny_model_dir, sampling={"max_tokens": 6, "temperature": 0.0,
-                                                                    "ignore_eos": True})
-    shards = list_shards(plan.input_url)
-    engine = get_engine(plan.engine)
-
-    def overlap(cross: bool, output: Path) -> int:
-        plan.output_url = str(output)
-        events: list[tuple[int, str]] = []
-        processor = ShardProcessor(engine, plan, cross_shard=cross,
-                                   on_progress=lambda p: events.append((p.index, p.state)))
-        results = list(processor.run(shards))
-        assert [r["status"] for r in results] == ["done"] * 4
-        starts = [events.index((i, "running")) for i in range(4)]
-        ends = [events.index((i, "done")) for i in range(4)]
-        return sum(starts[i + 1] < ends[i] for i in range(3))
-
-    assert overlap(True, out / "cross") == 3
-    assert overlap(False, out / "drain") == 0
-
-
 def test_truncate_prompt(dirs, tiny_model_dir) -> None:
     inp, out = dirs
     long_text = " ".join(f"word{i}" for i in range(400))
@@ -252,14 +183,14 @@ def test_cancel_stops_embedded_run(dirs, tiny_model_dir) -> None:
 
 def test_progress_does_not_count_skipped_shards_as_speed() -> None:
     from pipeline.progress import RunProgress
-    from pipeline.shard_processor import ShardProgress
+    from pipeline.shard_outcome import ShardCounts, ShardOutcome, ShardState
 
     class IdleEngine:
         def stats(self) -> dict:
             return {"kv_blocks_used_now": 0, "kv_blocks_total": 10}
 
     progress = RunProgress(2, IdleEngine(), enabled=False)
-    progress(ShardProgress(0, "a", "skipped", rows_done=10, output_tokens=500_000))
+    progress(ShardOutcome(0, "a", ShardState.SKIPPED, ShardCounts(rows=10, output_tokens=500_000)))
     info = progress.bar.tasks[0].fields["info"]
     assert info == "10 rows (10 already done) · 0 tok/s · KV 0%"
     assert progress.bar.tasks[0].completed == 1

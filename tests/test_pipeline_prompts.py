@@ -11,6 +11,7 @@ from pipeline.manifest import build_manifest, public_url
 from pipeline.output_schema import SchemaError, output_schema
 from pipeline.plan import JobPlan, PromptPlan
 from pipeline.prompts import TemplateError, prefix_key, render_messages, validate_prompt, validate_template
+from pipeline.shard_outcome import ShardOutcome
 
 
 @pytest.mark.parametrize(
@@ -117,7 +118,8 @@ def test_manifest_has_no_credentials() -> None:
     plan.output_url = "s3://user:PASS-SENTINEL@bucket/out"
     result = {"index": 0, "url": "s3://b/x.jsonl", "status": "done", "rows": 1, "errors": 0, "reason": None,
               "prompt_tokens": 3, "output_tokens": 2, "cached_prompt_tokens": 0, "seconds": 1.0, "worker": "w"}
-    text = json.dumps(build_manifest(plan, [result], mode="embedded", started_at="t", elapsed_s=1.0))
+    outcome = ShardOutcome.from_result_dict(result)
+    text = json.dumps(build_manifest(plan, [outcome], mode="embedded", started_at="t", elapsed_s=1.0))
     for secret in ("AKIA-SENTINEL", "SECRET-SENTINEL", "HOOK-SENTINEL", "PASS-SENTINEL"):
         assert secret not in text
     assert public_url("s3://user:pw@bucket/out") == "s3://bucket/out"

@@ -19,7 +19,7 @@ from connectors import list_shards, read_parts
 from engine import LLMEngine
 from pipeline import engine_cache
 from pipeline.engine_service import EngineService, ShardHandedBack
-from pipeline.shard_processor import ShardProgress
+from pipeline.shard_outcome import ShardOutcome
 
 
 def test_engine_death_fails_its_shards_rebuilds_and_keeps_serving(tmp_path: Path, tiny_model_dir, monkeypatch) -> None:
@@ -40,7 +40,7 @@ def test_engine_death_fails_its_shards_rebuilds_and_keeps_serving(tmp_path: Path
     failed = service.submit(plan, first, worker="w")
     service.start()
     result = failed.result(timeout=300)
-    assert (result["status"], result["reason"], result["transient"]) == (
+    assert (result.state, result.reason, result.transient) == (
         "failed", "engine failed: RuntimeError: scheduler state corrupt", True)
     assert not list(out.glob("part-*"))  # nothing committed for the failed shard
 
@@ -48,7 +48,7 @@ def test_engine_death_fails_its_shards_rebuilds_and_keeps_serving(tmp_path: Path
     assert rebuilt is not dead  # the broken engine was replaced, not reused
     assert not dead.has_unfinished()
     later = [service.submit(plan, shard) for shard in (first, second)]  # the retry, and a new shard
-    assert [f.result(timeout=300)["status"] for f in later] == ["done", "done"]
+    assert [f.result(timeout=300).state for f in later] == ["done", "done"]
     out_ids = read_parts(plan.output_url).column("id").to_pylist()
     assert sorted(out_ids) == sorted(ids) and len(out_ids) == len(set(out_ids))
 
@@ -58,7 +58,7 @@ class _Events(list):
         super().__init__()
         self.when, self.seen = when, seen
 
-    def append(self, event: ShardProgress) -> None:
+    def append(self, event: ShardOutcome) -> None:
         super().append(event)
         if event.state == "running" and self.when(self):
             self.seen.set()
@@ -80,7 +80,7 @@ def _long_plan(tmp_path: Path, model_dir: Path, tag: str, rows: int):
 
 def test_drain_hands_back_open_shards_when_the_grace_period_is_over(tmp_path: Path, tiny_model_dir) -> None:
     plan, shards, _ = _long_plan(tmp_path, tiny_model_dir, "drain0", rows=200)
-    events, mid_shard = _recorder(lambda events: any(e.rows_done > 0 for e in events))
+    events, mid_shard = _recorder(lambda events: any(e.counts.rows > 0 for e in events))
     service = EngineService()
     futures = [service.submit(plan, shard, on_progress=events.append) for shard in shards[:2]]
     service.start()
@@ -104,7 +104,7 @@ def test_drain_lets_held_shards_finish_within_the_grace_period(tmp_path: Path, t
     service.start()
     assert opened.wait(120)
     service.drain(600.0)
-    assert [f.result(timeout=300)["status"] for f in futures] == ["done", "done"]
+    assert [f.result(timeout=300).state for f in futures] == ["done", "done"]
     with pytest.raises(ShardHandedBack):
         service.submit(plan, shards[2]).result(timeout=5)
     assert sorted(read_parts(plan.output_url).column("id").to_pylist()) == sorted(ids[:12])

@@ -1,0 +1,300 @@
+"""Streams shards' records through one engine and writes one output part per shard.
+
+The engine is kept full across shard boundaries: as soon as the current shard's
+reader is exhausted, the next shard is opened and its rows are admitted while the
+current shard's last requests still decode, so the batch never drains to a handful of
+stragglers between shards. Memory stays bounded: at most ``max_queued`` requests sit in
+the engine, at most one read batch waits for admission, and a shard holds at most
+``max_held`` rows read but not yet in its part file, whatever its mix of good and bad
+rows (error rows never enter the engine, and rows reach the part only in input order, so
+without that bound one slow first row would hold back everything read after it).
+
+Rows in == rows out: a bad input row, a prompt the engine refuses, a template error,
+a failing row hook or an engine fault each become an output row with ``error`` set.
+A shard that cannot be read at all is reported ``failed`` and writes no part.
+
+This module only drives (feed, admission, steps, faults, cancelling): rows become
+requests in ``pipeline.row_preparation``, their requests are tracked in
+``pipeline.in_flight``, finished rows take their shape in ``pipeline.result_rows`` and
+reach the part through ``pipeline.part_sink``. The engine is anything with the members of
+``pipeline.shard_engine.ShardEngine``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
+
+from connectors import ShardRef
+from pipeline.in_flight import InFlightRequests
+from pipeline.output_schema import output_schema
+from pipeline.part_sink import SPOOL_ROWS
+from pipeline.plan import JobPlan
+from pipeline.prompts import validate_prompt
+from pipeline.result_rows import ResultRows
+from pipeline.row_preparation import PreparedRow, RowPreparation
+from pipeline.row_requests import RequestBuilder
+from pipeline.shard_engine import ShardEngine
+from pipeline.shard_feed import ListFeed, ShardFeed
+from pipeline.shard_opening import OpenShard, ShardEnd, open_shard
+from pipeline.shard_outcome import ShardCounts, ShardOutcome, ShardState
+
+log = logging.getLogger(__name__)
+
+# Shards open at once: one being read, the rest waiting for their last requests to finish.
+MAX_OPEN_SHARDS = 8
+# Rows a shard may hold read but not spooled, beyond what the engine holds: reading stops
+# there until the row that holds the others back finishes.
+HELD_ROWS = 2 * SPOOL_ROWS
+_ENGINE_STATS = ("kv_peak_usage", "prefix_cache_hit_tokens", "mean_running_seqs", "preemptions", "steps")
+
+ProgressCallback = Callable[[ShardOutcome], None]
+
+
+class ShardDriver:
+    """``ShardDriver(engine, plan).run(shards)`` yields a ShardOutcome per shard as each ends.
+
+    ``cross_shard=False`` drains the engine between shards (for benchmarks: the behaviour
+    this class exists to avoid). ``should_stop`` is polled about once a second; when it
+    returns True the open shards are aborted and every shard not yet finished comes back
+    ``cancelled``. ``engine_factory`` builds a fresh engine after a step fault that was no
+    single request's (the shards it held fail, transiently). ``on_step`` (metrics) is called
+    with the engine and each step's seconds.
+    """
+
+    def __init__(
+        self,
+        engine: ShardEngine,
+        plan: JobPlan,
+        *,
+        cross_shard: bool = True,
+        max_queued: int | None = None,
+        on_progress: ProgressCallback | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        engine_factory: Callable[[], ShardEngine] | None = None,
+        worker: str | None = None,
+        on_step: Callable[[ShardEngine, float], None] | None = None,
+    ) -> None:
+        validate_prompt(plan.prompt)
+        self.plan, self.cross_shard = plan, cross_shard
+        self.on_progress, self.should_stop, self.on_step = on_progress, should_stop, on_step
+        self.engine_factory = engine_factory
+        self.max_queued = max_queued or 2 * engine.config.max_num_seqs
+        self.max_held = self.max_queued + HELD_ROWS
+        self.read_batch = max(1, min(256, self.max_queued))
+        self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
+        self.schema = output_schema(plan)
+        self.in_flight = InFlightRequests(engine, uuid.uuid4().hex[:8])
+        self._use_engine(engine)
+        self.results = ResultRows(plan, self.schema)
+        self._last_stop_check = 0.0
+
+    def _use_engine(self, engine: ShardEngine) -> None:
+        self.engine = self.in_flight.engine = engine
+        self.requests = RequestBuilder(self.plan, engine)
+        self.preparation = RowPreparation(self.plan, engine, self.requests)
+
+    # ---- the loop -----------------------------------------------------------------------
+    def run(self, shards: Iterable[ShardRef] | ShardFeed) -> Iterator[ShardOutcome]:
+        """Run ``shards`` in order, overlapping each shard's tail with the next's head.
+
+        ``shards`` may be a live ``ShardFeed``: the engine keeps stepping while it has
+        nothing new, and the run ends when the feed is closed and every shard is written.
+        """
+        self.in_flight.abort_everything()  # a previous run on this engine may have died half-way
+        feed: ShardFeed = shards if hasattr(shards, "next_shard") else ListFeed(shards)
+        opened: list[OpenShard] = []
+        more = True
+        try:
+            while True:
+                if self._stop_requested():
+                    yield from self._cancel_all(opened, feed)
+                    return
+                while len(self.in_flight) < self.max_queued:
+                    reader = opened[-1] if opened and not opened[-1].exhausted else None
+                    if reader is None:
+                        yield from self._finish_ready(opened)
+                        if not more or len(opened) >= MAX_OPEN_SHARDS or (opened and not self.cross_shard):
+                            break
+                        ref = feed.next_shard(wait=not self.in_flight and not opened)
+                        if ref is None:
+                            more = not feed.closed
+                            break
+                        started = time.perf_counter()
+                        shard = open_shard(self.plan, ref, self.schema, self.read_batch)
+                        if isinstance(shard, ShardEnd):
+                            yield self._outcome(ref, shard.state, started, shard.counts, shard.reason, shard.transient)
+                        else:
+                            opened.append(shard)
+                            self._notify(shard.progress)
+                        continue
+                    if not self._admit_next(reader):
+                        break  # the reader holds its limit of rows: step until its oldest finishes
+                yield from self._finish_ready(opened)
+                if not opened and not more:
+                    return
+                if self.in_flight:
+                    self._step()
+        finally:
+            self.in_flight.drop_all()  # closed early (error, consumer stopped): leave no work behind
+            for shard in opened:
+                shard.sink.discard()
+
+    def _finish_ready(self, opened: list[OpenShard]) -> Iterator[ShardOutcome]:
+        """Commit every open shard that is fully read and has nothing left in the engine."""
+        for shard in [s for s in opened if s.exhausted and not s.in_flight]:
+            opened.remove(shard)
+            shard.sink.commit()
+            if shard.sink.failed is not None:
+                yield self._outcome(shard.ref, ShardState.FAILED, shard.started, None, shard.sink.failed,
+                                    shard.sink.transient)
+            else:
+                yield self._outcome(shard.ref, ShardState.DONE, shard.started, shard.sink.counts)
+
+    def _stop_requested(self) -> bool:
+        if self.should_stop is None:
+            return False
+        now = time.monotonic()
+        if now - self._last_stop_check < 1.0:
+            return False
+        self._last_stop_check = now
+        try:
+            return bool(self.should_stop())
+        except Exception as exc:
+            log.warning("cancel check failed, carrying on: %s", exc)
+            return False
+
+    def _cancel_all(self, opened: list[OpenShard], feed: ShardFeed) -> Iterator[ShardOutcome]:
+        for shard in opened:
+            self._fail_shard(shard, "cancelled", transient=False)
+            yield self._outcome(shard.ref, ShardState.CANCELLED, shard.started, reason="job cancelled")
+        while (ref := feed.next_shard(wait=False)) is not None:
+            yield self._outcome(ref, ShardState.CANCELLED, time.perf_counter(), reason="job cancelled")
+
+    # ---- admission ----------------------------------------------------------------------
+    def _admit_next(self, shard: OpenShard) -> bool:
+        """Admit one buffered row, or read the next batch into the buffer. False (nothing done)
+        while the shard holds ``max_held`` unspooled rows and some of them are in the engine."""
+        if shard.buffer:
+            row = shard.buffer.popleft()
+            subs = self.preparation.requests(row)
+            error = subs if isinstance(subs, str) else self.in_flight.add(shard, row, subs)
+            if error is not None:
+                tokens = 0 if isinstance(subs, str) else sum(len(s.token_ids) for s in subs)
+                self._complete(shard, row, self.results.build(row.record, error=error, prompt_tokens=tokens))
+            return True
+        if shard.held >= self.max_held:
+            if shard.in_flight:
+                return False
+            shard.sink.spool()  # nothing in the engine: every held row is finished, in order
+            if self._closed_by_sink(shard):
+                return True
+        failure = shard.read_next(self.preparation)
+        if failure is not None:
+            self._fail_shard(shard, *failure)
+        return True
+
+    def _fail_shard(self, shard: OpenShard, reason: str, transient: bool) -> None:
+        shard.sink.abandon(reason, transient=transient)
+        self._closed_by_sink(shard)
+
+    def _closed_by_sink(self, shard: OpenShard) -> bool:
+        """True (and the shard's reading and requests stopped) if its part was abandoned."""
+        if shard.sink.failed is not None:
+            self.in_flight.drop_shard(shard)
+            shard.stop_reading()
+        return shard.sink.failed is not None
+
+    # ---- stepping -----------------------------------------------------------------------
+    def _step(self) -> None:
+        if not self.engine.has_unfinished():  # cannot happen unless the engine lost requests
+            self._fail_in_flight("the engine dropped the request")
+            return
+        started = time.perf_counter()
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            # Not one request's fault (the engine isolates those): its state is unknown. Every
+            # shard with rows in it fails (transient: the fleet retries it), then the engine is
+            # rebuilt and the run goes on with the shards that had nothing in it.
+            log.exception("engine step failed; failing the shards in it and rebuilding the engine")
+            reason = f"engine failed: {type(exc).__name__}: {exc}"
+            for shard in self.in_flight.shards():
+                self._fail_shard(shard, reason, transient=True)
+            self._fail_in_flight(reason)
+            self._replace_engine()
+            return
+        if self.on_step is not None:
+            self.on_step(self.engine, time.perf_counter() - started)
+        touched: dict[int, OpenShard] = {}
+        for out in outputs:
+            inf = self.in_flight.finished(out)
+            if inf is None:
+                continue
+            record = inf.row.record
+            try:
+                values = self.requests.row_values(inf.group)
+            except Exception as exc:  # scoring a finished row must cost the row only
+                log.exception("cannot build the result of row %d", record.row_number)
+                values = {"error": f"row {record.row_number}: {type(exc).__name__}: {exc}"}
+            row = self.results.build(record, **values, latency_s=time.perf_counter() - inf.admitted_at)
+            self._complete(inf.shard, inf.row, row, notify=False)
+            touched[inf.shard.ref.index] = inf.shard
+        for shard in touched.values():
+            self._notify(shard.progress)
+
+    def _replace_engine(self) -> None:
+        """A fresh engine from ``engine_factory``; without one, this engine emptied of requests."""
+        if self.engine_factory is None:
+            self.in_flight.abort_everything()
+            return
+        self._use_engine(self.engine_factory())
+
+    def _fail_in_flight(self, message: str) -> None:
+        """Every row in the engine becomes an error row; the engine is left empty."""
+        for inf in self.in_flight.drop_all():
+            record = inf.row.record
+            row = self.results.build(record, error=f"row {record.row_number}: {message}",
+                                     latency_s=time.perf_counter() - inf.admitted_at)
+            self._complete(inf.shard, inf.row, row)
+
+    # ---- rows and outcomes --------------------------------------------------------------
+    def _complete(self, shard: OpenShard, prepared: PreparedRow, row: dict, notify: bool = True) -> None:
+        """Run the row hook, then hand the row to the shard's part."""
+        if shard.sink.failed is not None:  # its part is abandoned (e.g. a spool write failed)
+            return
+        openai_line = self.results.finish(prepared.record, row)
+        shard.sink.add(prepared.position, row, openai_line)
+        if not self._closed_by_sink(shard) and notify:
+            self._notify(shard.progress)
+
+    def _outcome(
+        self, ref: ShardRef, state: ShardState, started: float, counts: ShardCounts | None = None,
+        reason: str | None = None, transient: bool = False,
+    ) -> ShardOutcome:
+        """A shard's final outcome, with the engine's counters; reported to the progress callback too."""
+        try:
+            s = self.engine.stats()
+            stats = {k: s[k] for k in _ENGINE_STATS}
+        except Exception:  # a broken engine must not hide the shard's outcome
+            stats = {}
+        outcome = ShardOutcome(
+            ref.index, ref.url, state, replace(counts) if counts else ShardCounts(), reason=reason,
+            transient=transient, seconds=round(time.perf_counter() - started, 3), worker=self.worker,
+            part=ref.part_id, engine=stats,
+        )
+        self._notify(outcome)
+        return outcome
+
+    def _notify(self, progress: ShardOutcome) -> None:
+        if self.on_progress is None:
+            return
+        try:
+            self.on_progress(progress)
+        except Exception as exc:  # progress display/reporting must never fail a shard
+            log.warning("progress callback failed: %s", exc)

@@ -1,0 +1,122 @@
+"""How a shard stands or ended: the one typed record from the driver to the manifest.
+
+The driver reports a running shard's counters and its end with the same ``ShardOutcome``;
+the engine service, the task, the progress bar, the metrics and the manifest all read it.
+It becomes a dict only where it leaves the process: ``to_result_dict`` is the Celery task's
+result and the manifest's shard entry (``status``, ``rows``), ``to_state_dict`` the live state
+a worker writes to Redis (``state``, ``rows_done``). Those two formats are public (job
+manifests and ``job_status`` output), so their names stay; they are spelled here only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class ShardState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"  # part written
+    SKIPPED = "skipped"  # part already current
+    FAILED = "failed"  # shard unreadable or part not written (no part file)
+    CANCELLED = "cancelled"  # the job was cancelled before or while it ran
+    RETRYING = "retrying"  # failed transiently and its task runs again: not final
+
+
+TERMINAL_STATES = (ShardState.DONE, ShardState.SKIPPED, ShardState.FAILED, ShardState.CANCELLED)
+
+
+@dataclass
+class ShardCounts:
+    """Rows written to the shard's part and their tokens; also kept in the part's footer."""
+
+    rows: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_prompt_tokens: int = 0
+
+    def add_row(self, row: dict[str, Any]) -> None:
+        self.rows += 1
+        self.errors += row["error"] is not None
+        self.prompt_tokens += row["prompt_tokens"]
+        self.output_tokens += row["output_tokens"]
+        self.cached_prompt_tokens += row["cached_prompt_tokens"]
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], rows_key: str = "rows") -> ShardCounts:
+        """Counts from a result dict (``rows``), a state dict (``rows_done``) or a footer; absent ones are 0."""
+        return cls(
+            rows=data.get(rows_key) or 0, errors=data.get("errors") or 0,
+            prompt_tokens=data.get("prompt_tokens") or 0, output_tokens=data.get("output_tokens") or 0,
+            cached_prompt_tokens=data.get("cached_prompt_tokens") or 0,
+        )
+
+
+@dataclass
+class ShardOutcome:
+    """A shard's state and counts: while it runs (``RUNNING``, counts growing) and when it ends."""
+
+    index: int
+    url: str
+    state: ShardState
+    counts: ShardCounts = field(default_factory=ShardCounts)
+    reason: str | None = None
+    transient: bool = False  # failed on an error a later retry may not hit (network, 5xx)
+    seconds: float = 0.0
+    worker: str | None = None
+    part: str | None = None  # the shard's part id (connectors.ShardRef.part_id)
+    engine: dict[str, Any] = field(default_factory=dict)  # the worker engine's counters at the end
+    started_at: float = field(default_factory=time.time)
+
+    # ---- the Celery result / manifest form ---------------------------------------------------
+    def to_result_dict(self) -> dict[str, Any]:
+        c = self.counts
+        return {
+            "index": self.index, "url": self.url, "status": self.state.value, "rows": c.rows, "errors": c.errors,
+            "reason": self.reason, "prompt_tokens": c.prompt_tokens, "output_tokens": c.output_tokens,
+            "cached_prompt_tokens": c.cached_prompt_tokens, "seconds": self.seconds, "worker": self.worker,
+            "part": self.part, "transient": self.transient, "engine": dict(self.engine),
+        }
+
+    @classmethod
+    def from_result_dict(cls, data: dict[str, Any]) -> ShardOutcome:
+        return cls(
+            data["index"], data.get("url") or "", ShardState(data["status"]), ShardCounts.from_dict(data),
+            reason=data.get("reason"), transient=bool(data.get("transient")), seconds=data.get("seconds") or 0.0,
+            worker=data.get("worker"), part=data.get("part"), engine=dict(data.get("engine") or {}),
+        )
+
+    # ---- the live-state (Redis) form ---------------------------------------------------------
+    def to_state_dict(self) -> dict[str, Any]:
+        """What a worker reports while the shard runs (the reporter adds who and when)."""
+        c = self.counts
+        return {
+            "state": self.state.value, "url": self.url, "rows_done": c.rows, "errors": c.errors,
+            "output_tokens": c.output_tokens, "prompt_tokens": c.prompt_tokens, "reason": self.reason,
+            "cached_prompt_tokens": c.cached_prompt_tokens,
+        }
+
+    @staticmethod
+    def is_final_state(data: dict[str, Any]) -> bool:
+        """Whether a reported live state is a shard's end (``retrying`` is not)."""
+        return data.get("state") in TERMINAL_STATES
+
+    @classmethod
+    def from_state_dict(
+        cls, index: int, data: dict[str, Any], failed_reason: str | None = None, part: str | None = None
+    ) -> ShardOutcome:
+        """The outcome a worker last reported for the shard; anything not final counts as failed."""
+        state = ShardState(data["state"]) if cls.is_final_state(data) else ShardState.FAILED
+        reason = data.get("reason") or (failed_reason if state == ShardState.FAILED else None)
+        return cls(
+            index, data.get("url", ""), state, ShardCounts.from_dict(data, rows_key="rows_done"), reason=reason,
+            worker=data.get("worker"), part=data.get("part") or part,
+        )
+
