@@ -40,12 +40,8 @@ from jobs.sections import (
     SamplingSection,
     Section,
 )
+from pipeline.output_columns import RESERVED_COLUMNS  # passthrough fields must not reuse these
 from pipeline.plan import JobPlan
-
-# Output columns written by the pipeline itself: passthrough fields must not reuse them.
-RESERVED_COLUMNS = frozenset(
-    {"id", "output", "finish_reason", "prompt_tokens", "output_tokens", "cached_prompt_tokens", "error", "latency_s"}
-)
 
 
 class SpecFileError(ValueError):
