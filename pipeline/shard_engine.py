@@ -2,9 +2,9 @@
 
 ``engine.LLMEngine`` satisfies both; the pipeline's unit tests drive the shard driver with
 a fake that does too (``tests/fake_engine.py``), so ordering, spooling, error rows, faults
-and cancelling are tested in milliseconds without a model. Only what is listed here may be
-called on the engine from ``pipeline/`` (metrics' step observer reads the real engine's
-scheduler and is passed in by the callers that have one).
+and cancelling are tested in milliseconds without a model. The driver and the row
+preparation call nothing else on the engine; what needs the real one (building and warming
+it in ``engine_cache``, the metrics' step observer) is handed in by the callers that have it.
 """
 
 from __future__ import annotations

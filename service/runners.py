@@ -109,8 +109,9 @@ class EmbeddedRunner:
     def _run(self, job: _EmbeddedJob) -> None:
         from pipeline import metrics
         from pipeline.job_runner import run_embedded
+        from pipeline.shard_outcome import ShardOutcome
 
-        def on_progress(p: Any) -> None:
+        def on_progress(p: ShardOutcome) -> None:
             state = {**p.to_state_dict(), "started_at": p.started_at, "updated_at": time.time(), "worker": "embedded",
                      **{k: v for k, v in metrics.snapshot().items() if k in ("kv_usage", "prefix_hit_rate")}}
             with self._lock:
