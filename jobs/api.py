@@ -48,10 +48,11 @@ def status(job_id: str) -> dict[str, Any]:
 
 
 def output_status(spec: JobSpec | str | Path) -> dict[str, Any]:
-    """State of a spec's job read from its output (manifest or parts): works for embedded runs too."""
+    """State of a spec's job read from its output (manifest or parts): works for embedded runs too.
+    Writes nothing (the plan is built read-only)."""
     from pipeline.fleet import job_status
 
-    return job_status(load(spec).to_plan("status"))
+    return job_status(load(spec).to_plan("status", read_only=True))
 
 
 def wait(job_id: str, timeout: float | None = None, poll: float = 1.0) -> dict[str, Any]:

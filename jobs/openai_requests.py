@@ -45,11 +45,15 @@ class OpenAIBatchError(ValueError):
 
 @dataclass
 class Conversion:
+    """The converted request files. No sampling is shared by every request: each row carries its own."""
+
     url: str  # the converted shards, for JobPlan.input_url
     requests: int
-    sampling: dict[str, Any]  # settings shared by every request: none, each line carries its own
     warnings: list[str] = field(default_factory=list)
     completions: bool = False  # the file's requests are /v1/completions (raw prompts)
+    # Whether ``url`` holds exactly these converted shards (always, once written; a read-only
+    # conversion says whether an earlier run left them there).
+    current: bool = True
 
 
 def _is_completion(line: str) -> bool:
@@ -190,34 +194,54 @@ def _read_lines(url: str, compression: str | None, storage_options: dict[str, An
     return with_retries(read, what=f"read {url}").decode("utf-8-sig").splitlines()
 
 
-def _write_if_changed(url: str, text: str, storage_options: dict[str, Any]) -> None:
+def _holds(url: str, text: str, storage_options: dict[str, Any]) -> bool:
+    """Whether the object at ``url`` exists and holds exactly ``text``."""
     fs, path = filesystem_for(url, storage_options)
     try:
         with fs.open(path, "rb") as f:
-            if f.read() == text.encode("utf-8"):
-                return
+            return f.read() == text.encode("utf-8")
     except FileNotFoundError:
-        pass
-    write_text(url, text, storage_options)
+        return False
 
 
-def _remove_stale(target: str, keep: set[str], storage_options: dict[str, Any]) -> None:
-    """Converted shards of request files that no longer exist would be read as input."""
+def _stale(target: str, keep: set[str], storage_options: dict[str, Any]) -> list[str]:
+    """Paths of converted shards under ``target`` whose request files no longer exist."""
     fs, path = filesystem_for(target, storage_options)
     fs.invalidate_cache()
     keep_paths = {filesystem_for(url, storage_options)[1] for url in keep}
-    for old in with_retries(lambda: fs.glob(path.rstrip("/") + "/requests-*.jsonl"), what=f"list {target}"):
-        if old not in keep_paths:
-            fs.rm_file(old)
+    found = with_retries(lambda: fs.glob(path.rstrip("/") + "/requests-*.jsonl"), what=f"list {target}")
+    return [old for old in found if old not in keep_paths]
+
+
+def _write(target: str, converted: list[tuple[str, str]], storage_options: dict[str, Any]) -> None:
+    """Each converted shard written unless unchanged (its fingerprint, and its part, survive);
+    stale ones removed, since they would be read as input."""
+    for url, text in converted:
+        if text and not _holds(url, text, storage_options):
+            write_text(url, text, storage_options)
+    stale = _stale(target, {url for url, text in converted if text}, storage_options)
+    fs, _ = filesystem_for(target, storage_options)
+    for old in stale:
+        fs.rm_file(old)
+
+
+def _already_written(target: str, converted: list[tuple[str, str]], storage_options: dict[str, Any]) -> bool:
+    """Whether ``target`` holds exactly the converted shards ``_write`` would leave there."""
+    written = [(url, text) for url, text in converted if text]
+    if not all(_holds(url, text, storage_options) for url, text in written):
+        return False
+    return not _stale(target, {url for url, _ in written}, storage_options)
 
 
 def convert_requests(
     input_url: str, output_url: str, storage_options: dict[str, Any] | None = None, *,
-    output_storage_options: dict[str, Any] | None = None,
+    output_storage_options: dict[str, Any] | None = None, write: bool = True,
 ) -> Conversion:
     """Validate every request file under ``input_url`` and write the rows under ``output_url``
     (with ``output_storage_options``, default the input's). A converted file is named by its
-    source's part id, so it keeps its name (and its part) when other request files come and go."""
+    source's part id, so it keeps its name (and its part) when other request files come and go.
+    With ``write=False`` nothing is written: ``Conversion.current`` says whether the rows are
+    already there."""
     storage_options = storage_options or {}
     out_options = storage_options if output_storage_options is None else output_storage_options
     shards = list_shards(input_url, format="jsonl", storage_options=storage_options)
@@ -257,14 +281,12 @@ def convert_requests(
         raise OpenAIBatchError(f"{len(errors)} invalid request(s) in {input_url}:\n  {shown}{more}")
     if not requests:
         raise OpenAIBatchError(f"no requests in {input_url}")
-    for url, text in converted:
-        if text:
-            _write_if_changed(url, text, out_options)
-    _remove_stale(target, {url for url, text in converted if text}, out_options)
+    if write:
+        _write(target, converted, out_options)
+    current = write or _already_written(target, converted, out_options)
     warnings = []
     if ignored:
         warnings.append(f"request body fields ignored: {', '.join(sorted(ignored))}")
     for warning in warnings:
         log.warning("%s", warning)
-    return Conversion(url=target, requests=requests, sampling={}, warnings=warnings,
-                      completions=True in kinds)
+    return Conversion(url=target, requests=requests, warnings=warnings, completions=True in kinds, current=current)

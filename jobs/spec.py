@@ -142,9 +142,10 @@ class JobSpec(Section):
     def new_job_id(self) -> str:
         return f"{self.name}-{uuid.uuid4().hex[:8]}"
 
-    def to_plan(self, job_id: str | None = None) -> JobPlan:
+    def to_plan(self, job_id: str | None = None, *, read_only: bool = False) -> JobPlan:
         """The JobPlan workers execute. For kind ``openai_batch`` this validates and converts the
-        request file (reads the input, writes ``_requests/`` under the output)."""
+        request file (reads the input, writes ``_requests/`` under the output); ``read_only``
+        (for status) writes nothing."""
         kind = kind_module(self.kind)
         openai_output = self.output.openai_format
         if openai_output is None:
@@ -168,7 +169,7 @@ class JobSpec(Section):
             truncate_prompt=self.truncate_prompt,
             openai_output=openai_output,
         )
-        values.update(kind.plan_fields(self))
+        values.update(kind.plan_fields(self, read_only=read_only))
         if openai_output:
             from jobs.openai_merge import merge_options
 

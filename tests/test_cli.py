@@ -82,6 +82,45 @@ def test_run_prints_summary_and_samples(tmp_path: Path, tiny_model_dir: Path) ->
     assert json.loads(status.output)["status"] == "succeeded"
 
 
+def file_states(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root`` with its size and mtime: what a read-only command must leave as it is."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+def test_status_of_a_spec_writes_nothing(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """``status JOB.toml`` builds the plan read-only: an OpenAI batch's ``_requests/`` is written by
+    ``run``, never by ``status``; once there, status reads its parts' state through it."""
+    summarize = write_spec(tmp_path / "summarize", tiny_model_dir)
+    folder = tmp_path / "batch"
+    (folder / "in").mkdir(parents=True)
+    requests = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+                 "body": {"messages": [{"role": "user", "content": f"question {i}"}]}} for i in range(3)]
+    (folder / "in/batch.jsonl").write_bytes(jsonl_bytes(requests))
+    batch = folder / "batch.toml"
+    batch.write_text('name = "cli-batch"\nkind = "openai_batch"\n[input]\nurl = "in/"\n[output]\nurl = "out/"\n'
+                     f"{model_toml(tiny_model_dir)}[sampling]\nmax_tokens = 3\nignore_eos = true\n")
+
+    def status_of(spec: Path) -> dict[str, Any]:
+        before = file_states(spec.parent)
+        result = runner.invoke(app, ["status", str(spec), "--json"])
+        assert result.exit_code == 0, result.output
+        assert file_states(spec.parent) == before  # nothing written, nothing rewritten
+        return json.loads(result.output)
+
+    for spec in (summarize, batch):
+        state = status_of(spec)
+        assert state["status"] == "unknown" and [s["state"] for s in state["shards"]] == ["queued"]
+        assert not (spec.parent / "out").exists()
+
+    assert runner.invoke(app, ["run", str(batch), "--json"]).exit_code == 0
+    assert status_of(batch)["status"] == "succeeded"  # from the manifest
+    (folder / "out/_manifest.json").unlink()  # now from the parts of the converted requests
+    state = status_of(batch)
+    assert [s["state"] for s in state["shards"]] == ["done"] and "_requests" in state["shards"][0]["url"]
+    (folder / "in/batch.jsonl").write_bytes(jsonl_bytes(requests[:2]))  # run would convert it again
+    assert [s["state"] for s in status_of(batch)["shards"]] == ["queued"]
+
+
 def test_run_evaluate_writes_report(tmp_path: Path, tiny_model_dir: Path) -> None:
     folder = tmp_path / "eval"
     spec = write_spec(folder, tiny_model_dir, name="cli-eval", extra='kind = "evaluate"')
@@ -258,18 +297,18 @@ def test_python_api_submit_status_wait(fleet: Fleet, tmp_path: Path, tiny_model_
 
 
 def test_redis_broker_option_carries_job_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobs.cli import _use_broker, redis_database
+    from jobs.cli_support import redis_database, use_broker
 
     assert redis_database("redis://:pw@queue.internal:6380/0", 1) == "redis://:pw@queue.internal:6380/1"
     monkeypatch.delenv("TOKENMILL_BROKER_URL", raising=False)  # recorded first: restored after the test
     monkeypatch.delenv("TOKENMILL_RESULT_BACKEND", raising=False)
-    _use_broker("redis://queue.internal:6380/0")
+    use_broker("redis://queue.internal:6380/0")
     assert os.environ["TOKENMILL_RESULT_BACKEND"] == "redis://queue.internal:6380/1"
     monkeypatch.setenv("TOKENMILL_RESULT_BACKEND", "redis://results.internal/2")
-    _use_broker("redis://queue.internal:6380/0")
+    use_broker("redis://queue.internal:6380/0")
     assert os.environ["TOKENMILL_RESULT_BACKEND"] == "redis://results.internal/2"  # an explicit backend wins
     monkeypatch.delenv("TOKENMILL_RESULT_BACKEND")
-    _use_broker("amqp://guest:guest@rabbit.internal//")
+    use_broker("amqp://guest:guest@rabbit.internal//")
     assert "TOKENMILL_RESULT_BACKEND" not in os.environ
 
 

@@ -232,7 +232,11 @@ def test_openai_batch_per_line_sampling(tmp_path: Path) -> None:
         batch_line("c", "z", logprobs=True, response_format={"type": "json_object"}),
     ])
     converted = convert_requests(str(tmp_path / "in"), str(tmp_path / "out"))
-    assert converted.sampling == {} and converted.requests == 3
+    assert converted.requests == 3
+    # no setting is shared by every request: the plan's sampling is the spec's alone
+    spec = JobSpec.from_dict({"name": "b", "kind": "openai_batch", "input": {"url": "in/"}, "output": {"url": "out/"},
+                              "sampling": {"max_tokens": 7}}, base_dir=tmp_path)
+    assert spec.to_plan("b").sampling == spec.sampling.plan_values()
     assert any("ignored: tools" in w for w in converted.warnings)
     (converted_file,) = (tmp_path / "out/_requests").glob("requests-*.jsonl")
     rows = [json.loads(x) for x in converted_file.read_text().splitlines()]

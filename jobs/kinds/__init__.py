@@ -1,8 +1,9 @@
 """Job kinds: how a spec of each kind becomes the kind-specific parts of a JobPlan.
 
 Each kind module offers ``check(spec)`` (cross-field rules, raising ValueError whose
-message starts with the offending field's path) and ``plan_fields(spec)`` (JobPlan
-keyword arguments: prompt, hooks, extra columns, ...).
+message starts with the offending field's path) and ``plan_fields(spec, read_only=...)``
+(JobPlan keyword arguments: prompt, hooks, extra columns, ...; ``read_only``: build them
+without writing anything, as ``tokenmill status`` does).
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def check(spec: JobSpec) -> None:
         raise ValueError(f"input.passthrough: {sorted(clash)} clash with the evaluation columns")
 
 
-def plan_fields(spec: JobSpec) -> dict[str, Any]:
+def plan_fields(spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
     evaluate = section(spec)
     system = DEFAULT_SYSTEM[evaluate.method] if spec.prompt.system is None else spec.prompt.system
     prompt = PromptPlan(system=system, user_template=user_template(spec), few_shot=few_shot_turns(spec))

@@ -33,7 +33,7 @@ def check(spec: JobSpec) -> None:
             raise ValueError(f"extract.schema: properties {clash} clash with {what}")
 
 
-def plan_fields(spec: JobSpec) -> dict[str, Any]:
+def plan_fields(spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
     assert spec.extract is not None
     schema = spec.extract.load_schema()
     columns = schema_columns(schema)

@@ -32,7 +32,7 @@ def prompt_field(spec: JobSpec) -> str:
     return spec.prompt.prompt_field or spec.input.text_field
 
 
-def plan_fields(spec: JobSpec) -> dict[str, Any]:
+def plan_fields(spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
     field = prompt_field(spec)
     values: dict[str, Any] = {
         # the prompt column is also the checked text column: a row with an empty prompt is an error row

@@ -26,22 +26,26 @@ def check(spec: JobSpec) -> None:
             raise ValueError(f"input.{name}: not used by kind 'openai_batch' (custom_id is the row id)")
 
 
-def plan_fields(spec: JobSpec) -> dict[str, Any]:
-    """Converts the request file (I/O); each request line carries its own sampling settings."""
-    sampling = spec.sampling.plan_values()
+def plan_fields(spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
+    """Converts the request file (I/O); each request line carries its own sampling settings.
+    Read-only, the converted rows are used only if an earlier run left exactly them under the
+    output; otherwise the plan lists the request files themselves, none of them done yet."""
     in_options, out_options = reveal(spec.input.storage_options), spec.output_storage_options()
     converted = convert_requests(
         spec.input.full_url, spec.output.url, in_options,
-        output_storage_options=out_options,
+        output_storage_options=out_options, write=not read_only,
     )
-    sampling.update(converted.sampling)
+    if converted.current:  # the converted rows, under the output: read with its options
+        input_url, storage_options = converted.url, in_options if out_options is None else out_options
+    else:
+        input_url, storage_options = spec.input.full_url, in_options
     return {
-        "input_url": converted.url,  # the converted rows, under the output: read with its options
-        "storage_options": in_options if out_options is None else out_options,
+        "input_url": input_url,
+        "storage_options": storage_options,
         "input_format": "jsonl",
         "id_field": "custom_id",
         "text_field": "text",
-        "sampling": sampling,
+        "sampling": spec.sampling.plan_values(),  # the lines' own settings apply over these
         "sampling_field": SAMPLING_FIELD,  # each line's own settings, over [sampling]
         "prompt": PromptPlan(system=spec.prompt.system or "", messages_field="messages",
                              few_shot=few_shot_turns(spec), raw_prompt=converted.completions),

@@ -33,7 +33,7 @@ def check(spec: JobSpec) -> None:
         raise ValueError(f"input.passthrough: {sorted(clash)} clash with the perplexity columns")
 
 
-def plan_fields(spec: JobSpec) -> dict[str, Any]:
+def plan_fields(spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
     return {
         "prompt": PromptPlan(prompt_field=spec.input.text_field),  # rendered but unused: the text is scored raw
         "request_mode": "perplexity",

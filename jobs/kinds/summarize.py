@@ -17,6 +17,6 @@ def check(spec: JobSpec) -> None:
     reject_prompt_field(spec)
 
 
-def plan_fields(spec: JobSpec) -> dict[str, Any]:
+def plan_fields(spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
     system = DEFAULT_SYSTEM if spec.prompt.system is None else spec.prompt.system
     return {"prompt": PromptPlan(system=system, user_template=user_template(spec), few_shot=few_shot_turns(spec))}
