@@ -53,7 +53,7 @@ RUN pip install . \
 assert v.startswith('${TORCH_VERSION}') and torch.version.cuda, f'expected a CUDA build of torch ${TORCH_VERSION}, got {v}'"
 
 # The default model, converted once into $TOKENMILL_CACHE (readable by the worker user).
-RUN python -m engine.model_registry smollm2-135m-instruct
+RUN python -m engine.model_registry
 
 RUN useradd --create-home --uid 1000 tokenmill && chown -R tokenmill /models
 USER tokenmill

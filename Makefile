@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 model: setup
-	$(PY) -m engine.model_registry smollm2-135m-instruct
+	$(PY) -m engine.model_registry  # the default model
 
 # The dashboard test drives Debian's chromium through Playwright (never `playwright install`).
 # If it cannot be installed here, that test fails and says so.

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from connectors import read_parts  # noqa: E402
 from engine import EngineConfig, LLMEngine  # noqa: E402
+from engine.model_registry import DEFAULT_MODEL  # noqa: E402
 from jobs import JobSpec  # noqa: E402
 from pipeline.engine_cache import warm_up  # noqa: E402
 from pipeline.job_runner import run_embedded  # noqa: E402
@@ -92,7 +93,7 @@ def run_mode(prefix: bool, spec: JobSpec, out: Path) -> tuple[dict, list]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--shots", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=2, help="on/off pairs, the order alternating")
     ap.add_argument("--max-num-seqs", type=int, default=64)

@@ -6,12 +6,14 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.model_registry import DEFAULT_MODEL
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
 class EngineConfig:
-    model: str = "smollm2-135m-instruct"
+    model: str = DEFAULT_MODEL
     dtype: str = "float32"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     attention_backend: str = "auto"  # auto | torch | triton

@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine, RequestError
+from engine.model_registry import DEFAULT_MODEL
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -19,7 +20,7 @@ Params = SamplingParams | dict[str, Any]
 class LLM:
     """``LLM(model=..., **engine settings)``; see ``EngineConfig`` for the settings."""
 
-    def __init__(self, model: str = "smollm2-135m-instruct", **kwargs: Any) -> None:
+    def __init__(self, model: str = DEFAULT_MODEL, **kwargs: Any) -> None:
         self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
         self._next_id = 0
 

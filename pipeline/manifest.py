@@ -93,6 +93,8 @@ def build_manifest(
     summary: Any = None,
     cancelled: bool = False,
 ) -> dict[str, Any]:
+    from engine.model_registry import DEFAULT_MODEL  # here: the fleet's status/cancel path stays torch-free
+
     outcomes = sorted(outcomes, key=lambda o: o.index)
     shards = [_shard_entry(o) for o in outcomes]
     count = {s.value: sum(o.state == s for o in outcomes) for s in TERMINAL_STATES}
@@ -124,7 +126,7 @@ def build_manifest(
         "mode": mode,
         "input_url": public_url(plan.input_url),
         "output_url": public_url(plan.output_url),
-        "model": plan.engine.get("model", "smollm2-135m-instruct"),
+        "model": plan.engine.get("model", DEFAULT_MODEL),
         "engine": dict(plan.engine),
         "sampling": dict(plan.sampling),
         "prompt": {

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.model_registry import DEFAULT_MODEL
+
 DEFAULT_MAX_UPLOAD_BYTES = 200 * 1024 * 1024  # OpenAI's limit for a batch input file
 
 
@@ -41,7 +43,7 @@ class ServiceSettings:
     broker_url: str | None = None  # None: jobs run in the server process (embedded runner)
     queue: str | None = None
     redis_key_prefix: str | None = None
-    model: str = "smollm2-135m-instruct"  # registered name or local directory
+    model: str = DEFAULT_MODEL  # registered name or local directory
     served_model_name: str | None = None  # the name requests give in body.model
     engine_options: dict[str, Any] = field(default_factory=dict)  # more [model] fields of the batch jobs
     default_max_tokens: int = 256

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,25 @@ def test_to_plan_summarize() -> None:
     # engine settings left unset are not sent: the worker's engine defaults apply
     assert JobSpec.from_dict(spec_data()).to_plan("x").engine == {"model": "smollm2-135m-instruct"}
     assert JobSpec.from_dict(spec_data(input={"text_field": "body"})).to_plan("x").prompt.user_template == "{body}"
+
+
+def test_model_and_sampling_tables_follow_the_engine() -> None:
+    """[model] and [sampling] have a key per EngineConfig / SamplingParams field; the batch defaults
+    (and so the plan's sampling, part of every part's fingerprint) are what they always were."""
+    from engine import EngineConfig, SamplingParams
+    from engine.model_registry import DEFAULT_MODEL
+    from jobs.engine_sections import PER_REQUEST_SAMPLING, ModelSection, SamplingSection
+
+    assert set(ModelSection.model_fields) == {"name", "path"} | {f.name for f in fields(EngineConfig)} - {"model"}
+    assert set(SamplingSection.model_fields) == {f.name for f in fields(SamplingParams)} - PER_REQUEST_SAMPLING
+    spec = JobSpec.from_dict(spec_data())
+    assert spec.model.model_dump(exclude_none=True) == {}  # unset: the worker's engine defaults apply
+    assert spec.sampling.plan_values() == {"max_tokens": 128, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+                                           "seed": None, "stop": [], "stop_token_ids": [], "ignore_eos": False}
+    assert SamplingParams(**spec.sampling.plan_values()).greedy
+    assert EngineConfig().model == DEFAULT_MODEL == spec.model.engine_settings()["model"]
+    assert errors_of(spec_data(sampling={"logprobs": 2})) == ["sampling.logprobs: unknown field"]
+    assert errors_of(spec_data(model={"model": "x"})) == ["model.model: unknown field"]
 
 
 def test_to_plan_evaluate_and_generate() -> None:
