@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine import EngineConfig, LLMEngine  # noqa: E402
+from engine.model_registry import DEFAULT_MODEL  # noqa: E402
 from pipeline.engine_cache import warm_up  # noqa: E402
 from pipeline.job_runner import run_embedded  # noqa: E402
 from pipeline.plan import JobPlan, PromptPlan  # noqa: E402
@@ -74,7 +75,7 @@ def run_mode(cross: bool, args, inp: Path, out: Path) -> dict:
 def shard_job_arguments(description: str | None) -> argparse.ArgumentParser:
     """The many-small-shards job both cross-shard benches run (this one and bench_fleet.py)."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--shards", type=int, default=24)
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=24)

@@ -37,6 +37,7 @@ import sysinfo  # noqa: E402
 import workload as workload_mod  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
+from engine.model_registry import DEFAULT_MODEL  # noqa: E402
 
 WORKLOADS = ("summ-64", "summ-256", "fewshot-48")
 
@@ -165,7 +166,7 @@ def measure_hf(args, wl, model_dir: Path, rows: list, hold_log: list) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--pairs", type=int, default=3, help="alternating runs per engine on --pairs-on workloads")

@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine import LLM, SamplingParams, StructuredOutput  # noqa: E402
+from engine.model_registry import DEFAULT_MODEL  # noqa: E402
 
 TOPICS = ["the sea", "a city at night", "bread", "winter", "a long train ride", "bees", "the moon", "rain"]
 
@@ -61,7 +62,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="bench/published/structured-mates.json")
     args = ap.parse_args()
-    llm = LLM("smollm2-135m-instruct", num_kv_blocks=1024, enable_prefix_caching=False)
+    llm = LLM(DEFAULT_MODEL, num_kv_blocks=1024, enable_prefix_caching=False)
     prompts = [llm.engine.apply_chat_template([{"role": "user", "content": f"Write about {TOPICS[i % 8]} (#{i})."}])
                for i in range(args.requests)]
     mate = llm.engine.apply_chat_template([{"role": "user", "content": "Describe a garden in lower case."}])

@@ -21,11 +21,12 @@ import workload as workload_mod  # noqa: E402
 
 import engine.llm_engine as llm_engine  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
+from engine.model_registry import DEFAULT_MODEL  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--max-batched-tokens", type=int, default=2048)

@@ -29,6 +29,7 @@ from fleet_harness import FleetHarness, rss_mib  # noqa: E402
 from s3_server import S3Server  # noqa: E402
 
 from connectors import read_manifest, read_parts  # noqa: E402
+from engine.model_registry import DEFAULT_MODEL  # noqa: E402
 from pipeline.fleet import wait_for_job  # noqa: E402
 from pipeline.plan import JobPlan, PromptPlan  # noqa: E402
 
@@ -86,7 +87,7 @@ def plot(samples, path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--rows", type=int, default=20_000)
     p.add_argument("--shards", type=int, default=40)
     p.add_argument("--workers", type=int, default=2)
