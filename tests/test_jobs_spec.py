@@ -163,6 +163,7 @@ def test_to_plan_summarize() -> None:
     assert plan.prompt.few_shot == [{"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}]
     assert plan.truncate_prompt and not plan.openai_output and plan.row_hook is None
     assert JobPlan.from_dict(plan.to_dict()) == plan  # JSON-safe round trip
+    assert spec.to_plan(plan.job_id, read_only=True) == plan  # what status builds: the same plan
     # engine settings left unset are not sent: the worker's engine defaults apply
     assert JobSpec.from_dict(spec_data()).to_plan("x").engine == {"model": "smollm2-135m-instruct"}
     assert JobSpec.from_dict(spec_data(input={"text_field": "body"})).to_plan("x").prompt.user_template == "{body}"
