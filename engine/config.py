@@ -1,14 +1,20 @@
-"""Engine settings, checked once at start-up."""
+"""Engine settings, checked once at start-up.
+
+Plain data: torch is imported only where a setting becomes a torch value, so job specs
+derive their ``[model]`` table from this class without loading torch.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from engine.model_registry import DEFAULT_MODEL
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names
 
 
 @dataclass
@@ -48,9 +54,13 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        import torch
+
+        return getattr(torch, self.dtype)
 
     def resolved_device(self) -> str:
         if self.device == "auto":
+            import torch
+
             return "cuda" if torch.cuda.is_available() else "cpu"
         return self.device
