@@ -45,7 +45,7 @@ def plan_fields(spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
         "input_format": "jsonl",
         "id_field": "custom_id",
         "text_field": "text",
-        "sampling": spec.sampling.plan_values(),  # the lines' own settings apply over these
+        "sampling": spec.sampling.plan_values(),
         "sampling_field": SAMPLING_FIELD,  # each line's own settings, over [sampling]
         "prompt": PromptPlan(system=spec.prompt.system or "", messages_field="messages",
                              few_shot=few_shot_turns(spec), raw_prompt=converted.completions),
