@@ -5,6 +5,7 @@ engine, Celery or job specs.
 """
 
 from connectors.credentials import CredentialError, literal_credentials
+from connectors.jsonl_files import file_set_is_current, holds_text, read_lines, write_file_set
 from connectors.manifest import (
     read_manifest,
     remove_success_marker,
@@ -24,10 +25,12 @@ from connectors.parquet_sink import (
     read_part_columns,
     read_part_footer,
     read_part_head,
+    read_part_result,
     read_parts,
     remove_stale_parts,
     write_part,
 )
+from connectors.part_lines import MergedLines, merge_part_lines, part_lines_url, write_part_lines
 from connectors.records import Record, ShardReadError, read_records
 from connectors.shards import ShardRef, detect_format, list_shards
 from connectors.storage import (
@@ -42,6 +45,7 @@ from connectors.storage import (
 
 __all__ = [
     "CredentialError",
+    "MergedLines",
     "PartId",
     "PartWriter",
     "Record",
@@ -49,21 +53,27 @@ __all__ = [
     "ShardRef",
     "StorageError",
     "detect_format",
+    "file_set_is_current",
     "filesystem_for",
     "has_userinfo",
+    "holds_text",
     "is_transient",
     "join_url",
     "list_shards",
     "literal_credentials",
+    "merge_part_lines",
     "part_id_of",
     "part_is_current",
+    "part_lines_url",
     "part_name",
     "part_url",
     "public_url",
+    "read_lines",
     "read_manifest",
     "read_part_columns",
     "read_part_footer",
     "read_part_head",
+    "read_part_result",
     "read_parts",
     "read_records",
     "remove_stale_parts",
@@ -71,8 +81,10 @@ __all__ = [
     "success_marker_exists",
     "with_retries",
     "write_bytes",
+    "write_file_set",
     "write_manifest",
     "write_part",
+    "write_part_lines",
     "write_success_marker",
     "write_text",
 ]

@@ -3,13 +3,16 @@
 A part is named by its shard's ``part_id`` (``part-<id>.parquet``, see ``ShardRef``),
 which does not move when other inputs come and go. Each part records the input
 shard's fingerprint in its footer, so a re-run can skip shards whose part is already
-current by reading only the footer. The job manifest lists the parts that belong to
-the job; ``remove_stale_parts`` deletes the others.
+current by reading only the footer; next to it the footer can keep the shard's *result*
+(any small JSON object, the pipeline's counts), so a skipped shard is still counted
+without reading its rows. The job manifest lists the parts that belong to the job;
+``remove_stale_parts`` deletes the others.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import posixpath
@@ -17,7 +20,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterable
-from typing import IO
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,6 +31,7 @@ from connectors.storage import StorageError, filesystem_for, is_transient, join_
 log = logging.getLogger(__name__)
 
 FINGERPRINT_KEY = b"tokenmill.fingerprint"
+RESULT_KEY = b"tokenmill.result"
 COPY_CHUNK = 1 << 20
 _PART_FILE = re.compile(r"^part-([A-Za-z0-9_-]+)\.[a-z]+$")
 # What the pipeline writes (part ids, and the numbered parts of earlier versions): the only
@@ -115,10 +119,13 @@ class PartWriter:
         assert self._writer is not None, "part already committed or aborted"
         self._writer.write_table(table)
 
-    def commit(self, metadata: dict[bytes, bytes] | None = None) -> str:
-        """Finish the file with ``metadata`` in its footer and move it to the part's URL."""
+    def commit(self, metadata: dict[bytes, bytes] | None = None, *, result: dict[str, Any] | None = None) -> str:
+        """Finish the file with ``metadata`` and the shard's ``result`` (JSON, read back by
+        ``read_part_result``) in its footer, and move it to the part's URL."""
         assert self._writer is not None, "part already committed or aborted"
         try:
+            if result is not None:
+                metadata = {**(metadata or {}), RESULT_KEY: json.dumps(result).encode("utf-8")}
             if metadata:
                 self._writer.add_key_value_metadata(metadata)
             self._writer.close()
@@ -156,6 +163,12 @@ def read_part_footer(output_url: str, part: PartId, storage_options: dict | None
             return pq.read_metadata(f).metadata or {}
 
     return with_retries(read, what=f"read footer of {url}")
+
+
+def read_part_result(output_url: str, part: PartId, storage_options: dict | None = None) -> dict[str, Any]:
+    """The result ``PartWriter.commit`` stored in the part's footer; empty if it has none."""
+    raw = read_part_footer(output_url, part, storage_options).get(RESULT_KEY)
+    return json.loads(raw) if raw else {}
 
 
 def part_is_current(

@@ -21,12 +21,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors import filesystem_for, join_url, list_shards, with_retries, write_text
+from connectors import file_set_is_current, join_url, list_shards, read_lines, write_file_set
 from engine import SamplingParams
 
 log = logging.getLogger(__name__)
 
 REQUESTS_DIR = "_requests"
+CONVERTED_PATTERN = "requests-*.jsonl"  # the converted shards' names: requests-<part id>.jsonl
 CHAT_URLS = ("/v1/chat/completions", "/chat/completions")
 COMPLETION_URLS = ("/v1/completions", "/completions")  # a raw prompt, no chat template
 MAX_REPORTED_ERRORS = 10
@@ -184,55 +185,6 @@ def parse_request(line: str) -> tuple[str, dict[str, Any], dict[str, Any], set[s
     return custom_id, row, sampling, ignored
 
 
-def _read_lines(url: str, compression: str | None, storage_options: dict[str, Any]) -> list[str]:
-    fs, path = filesystem_for(url, storage_options)
-
-    def read() -> bytes:
-        with fs.open(path, "rb", compression=compression) as f:
-            return f.read()
-
-    return with_retries(read, what=f"read {url}").decode("utf-8-sig").splitlines()
-
-
-def _holds(url: str, text: str, storage_options: dict[str, Any]) -> bool:
-    """Whether the object at ``url`` exists and holds exactly ``text``."""
-    fs, path = filesystem_for(url, storage_options)
-    try:
-        with fs.open(path, "rb") as f:
-            return f.read() == text.encode("utf-8")
-    except FileNotFoundError:
-        return False
-
-
-def _stale(target: str, keep: set[str], storage_options: dict[str, Any]) -> list[str]:
-    """Paths of converted shards under ``target`` whose request files no longer exist."""
-    fs, path = filesystem_for(target, storage_options)
-    fs.invalidate_cache()
-    keep_paths = {filesystem_for(url, storage_options)[1] for url in keep}
-    found = with_retries(lambda: fs.glob(path.rstrip("/") + "/requests-*.jsonl"), what=f"list {target}")
-    return [old for old in found if old not in keep_paths]
-
-
-def _write(target: str, converted: list[tuple[str, str]], storage_options: dict[str, Any]) -> None:
-    """Each converted shard written unless unchanged (its fingerprint, and its part, survive);
-    stale ones removed, since they would be read as input."""
-    for url, text in converted:
-        if text and not _holds(url, text, storage_options):
-            write_text(url, text, storage_options)
-    stale = _stale(target, {url for url, text in converted if text}, storage_options)
-    fs, _ = filesystem_for(target, storage_options)
-    for old in stale:
-        fs.rm_file(old)
-
-
-def _already_written(target: str, converted: list[tuple[str, str]], storage_options: dict[str, Any]) -> bool:
-    """Whether ``target`` holds exactly the converted shards ``_write`` would leave there."""
-    written = [(url, text) for url, text in converted if text]
-    if not all(_holds(url, text, storage_options) for url, text in written):
-        return False
-    return not _stale(target, {url for url, _ in written}, storage_options)
-
-
 def convert_requests(
     input_url: str, output_url: str, storage_options: dict[str, Any] | None = None, *,
     output_storage_options: dict[str, Any] | None = None, write: bool = True,
@@ -254,7 +206,7 @@ def convert_requests(
     kinds: dict[bool, str] = {}  # completions? -> where first seen: one endpoint per file
     for shard in shards:
         rows = []
-        for n, line in enumerate(_read_lines(shard.url, shard.compression, storage_options), 1):
+        for n, line in enumerate(read_lines(shard.url, shard.compression, storage_options), 1):
             if not line.strip():
                 continue
             where = f"{shard.basename} line {n}"
@@ -281,9 +233,13 @@ def convert_requests(
         raise OpenAIBatchError(f"{len(errors)} invalid request(s) in {input_url}:\n  {shown}{more}")
     if not requests:
         raise OpenAIBatchError(f"no requests in {input_url}")
+    # Only shards with rows are kept: the others (and those of request files now gone) are
+    # removed, since they would be read as input; an unchanged shard is not rewritten, so its
+    # fingerprint (and its part) survive.
+    written = [(url, text) for url, text in converted if text]
     if write:
-        _write(target, converted, out_options)
-    current = write or _already_written(target, converted, out_options)
+        write_file_set(target, CONVERTED_PATTERN, written, out_options)
+    current = write or file_set_is_current(target, CONVERTED_PATTERN, written, out_options)
     warnings = []
     if ignored:
         warnings.append(f"request body fields ignored: {', '.join(sorted(ignored))}")

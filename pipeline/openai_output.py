@@ -1,18 +1,16 @@
-"""OpenAI batch output lines, one JSONL file per part (``part-<id>.jsonl`` beside ``part-<id>.parquet``).
+"""OpenAI batch output lines: one JSON object per result row, handed to connectors with the part.
 
-The pipeline writes a standard line per row; a job kind's row hook may return its
-own under the key ``openai_line`` to replace it. Ids are derived from the job and row
-ids, so a re-processed shard writes the same file.
+The pipeline makes a standard line per row (``connectors.part_lines`` stores a part's lines
+beside it); a job kind's row hook may return its own under the key ``openai_line`` to
+replace it. Ids are derived from the job and row ids, so a re-processed shard gives the
+same lines.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from typing import Any
-
-from connectors import part_name
 
 OPENAI_LINE_KEY = "openai_line"
 CHOICES_KEY = "_openai_choices"  # on a result row: [{index, text, finish_reason, logprobs}] (n, logprobs)
@@ -37,10 +35,6 @@ def logprobs_content(token_ids: list[int], logprobs: list[dict[int, Any]], top: 
             "top_logprobs": [_token_entry(text(tid, lp), lp.logprob) for _, tid, lp in best],
         })
     return content
-
-
-def jsonl_name(part: int | str) -> str:
-    return part_name(part, "jsonl")
 
 
 def _stable_id(*parts: str) -> str:
@@ -83,7 +77,3 @@ def openai_line(row: dict[str, Any], job_id: str, model: str, completion: bool =
         "response": {"status_code": 200, "request_id": f"req_{rid}", "body": body},
         "error": None,
     }
-
-
-def lines_to_jsonl(lines: list[dict[str, Any]]) -> str:
-    return "".join(json.dumps(line, ensure_ascii=False, default=str) + "\n" for line in lines)

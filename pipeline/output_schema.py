@@ -1,4 +1,4 @@
-"""The Parquet schema of output parts, and turning result rows into a table.
+"""The Arrow schema of output rows (every part of a job has it), and result rows as a table.
 
 Passthrough fields are written as strings (JSON text for lists/objects, null for a
 missing value): CSV gives only strings while JSONL may give a different type per row,

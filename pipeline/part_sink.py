@@ -3,9 +3,9 @@
 Rows finish in any order (short answers overtake long ones); the part holds them in
 input order. Finished rows wait here until they continue the part's prefix, and are
 appended ("spooled") to the part's local file in runs of a useful length, so a
-million-row shard holds a few thousand rows in memory, not a million. ``commit`` writes
-the OpenAI lines (if any), the last rows and the footer with the shard's counts, and
-moves the part into place; until then no reader sees it. A shard whose part cannot be
+million-row shard holds a few thousand rows in memory, not a million. ``commit`` hands
+connectors the OpenAI lines (if any), the last rows and the shard's counts, and has the
+part moved into place; until then no reader sees it. A shard whose part cannot be
 written is ``abandoned``: its rows are dropped and nothing is committed.
 """
 
@@ -16,10 +16,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from connectors import PartWriter, ShardRef, is_transient, join_url, write_text
-from pipeline.openai_output import jsonl_name, lines_to_jsonl
+from connectors import PartWriter, ShardRef, is_transient, write_part_lines
 from pipeline.output_schema import rows_to_table
-from pipeline.part_info import result_metadata
 from pipeline.plan import JobPlan
 from pipeline.shard_outcome import ShardCounts
 
@@ -96,15 +94,12 @@ class PartSink:
         try:
             if self.plan.openai_output:
                 lines = [self.openai_lines[n] for n in sorted(self.openai_lines)]
-                write_text(
-                    join_url(self.plan.output_url, jsonl_name(self.ref.part_id)), lines_to_jsonl(lines),
-                    self.plan.output_options,
-                )
+                write_part_lines(self.plan.output_url, self.ref.part_id, lines, self.plan.output_options)
             self.spool()
             if self.failed is not None:
                 return
             assert self.writer is not None and not self.rows, "every read row is spooled by now"
-            self.writer.commit(result_metadata(self.counts))  # commit closes the writer and its local file
+            self.writer.commit(result=self.counts.to_dict())  # commit closes the writer and its local file
             self.writer = None
         except Exception as exc:
             self.discard()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from connectors import Record, ShardReadError, ShardRef, is_transient, part_is_current, read_records
-from pipeline.part_info import read_part_result
+from pipeline.part_info import read_part_counts
 from pipeline.part_sink import PartSink
 from pipeline.plan import JobPlan
 from pipeline.row_preparation import PreparedRow, RowPreparation
@@ -85,7 +85,7 @@ def open_shard(plan: JobPlan, ref: ShardRef, schema: pa.Schema, batch_size: int)
         log.warning("cannot check part %s of %s: %s", ref.part_id, plan.job_id, exc)
         current = False
     if current:
-        counts = read_part_result(plan.output_url, ref.part_id, plan.output_options)
+        counts = read_part_counts(plan.output_url, ref.part_id, plan.output_options)
         return ShardEnd(ShardState.SKIPPED, "part already current", counts=counts)
     try:
         batches = read_records(ref, text_field=plan.text_field, id_field=plan.id_field, batch_size=batch_size,
