@@ -1,7 +1,8 @@
 """Storage connectors: the only code in tokenmill that touches storage.
 
-Plain arguments only (URLs, storage_options, tables); nothing here knows about the
-engine, Celery or job specs.
+Plain arguments only (URLs, storage_options, Arrow tables, JSON-safe dicts and lines);
+nothing here knows about the engine, Celery or job specs. Storage formats live here too:
+file names, Parquet footer keys, JSONL serialisation.
 """
 
 from connectors.credentials import CredentialError, literal_credentials
