@@ -119,13 +119,14 @@ class PartWriter:
         assert self._writer is not None, "part already committed or aborted"
         self._writer.write_table(table)
 
-    def commit(self, metadata: dict[bytes, bytes] | None = None, *, result: dict[str, Any] | None = None) -> str:
-        """Finish the file with ``metadata`` and the shard's ``result`` (JSON, read back by
-        ``read_part_result``) in its footer, and move it to the part's URL."""
+    def commit_with_result(self, result: dict[str, Any]) -> str:
+        """``commit`` with the shard's ``result`` (JSON-safe, read back by ``read_part_result``) in the footer."""
+        return self.commit({RESULT_KEY: json.dumps(result).encode("utf-8")})
+
+    def commit(self, metadata: dict[bytes, bytes] | None = None) -> str:
+        """Finish the file with ``metadata`` in its footer and move it to the part's URL."""
         assert self._writer is not None, "part already committed or aborted"
         try:
-            if result is not None:
-                metadata = {**(metadata or {}), RESULT_KEY: json.dumps(result).encode("utf-8")}
             if metadata:
                 self._writer.add_key_value_metadata(metadata)
             self._writer.close()

@@ -99,7 +99,7 @@ class PartSink:
             if self.failed is not None:
                 return
             assert self.writer is not None and not self.rows, "every read row is spooled by now"
-            self.writer.commit(result=self.counts.to_dict())  # commit closes the writer and its local file
+            self.writer.commit_with_result(self.counts.to_dict())  # commit closes the writer and its local file
             self.writer = None
         except Exception as exc:
             self.discard()
