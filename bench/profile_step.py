@@ -62,12 +62,13 @@ def main() -> None:
     backend.write_kv = timed("  KV write", backend.write_kv)
     backend._decode = timed("  decode attention", backend._decode)
     backend._prefill_one = timed("  prefill attention", backend._prefill_one)
+    model.rotary.rotate_ = timed("  rotary", model.rotary.rotate_)
     for layer in model.layers:
         layer.mlp.forward = timed("  MLP", layer.mlp.forward)
         layer.self_attn.qkv_proj.forward = timed("  QKV projection", layer.self_attn.qkv_proj.forward)
         layer.self_attn.o_proj.forward = timed("  output projection", layer.self_attn.o_proj.forward)
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-            norm.forward = timed("  RMSNorm", norm.forward)
+            norm.forward = timed("  RMSNorm (+ residual add)", norm.forward)
 
     params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in wl.max_tokens]
     t = time.perf_counter()

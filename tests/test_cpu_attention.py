@@ -54,15 +54,6 @@ def test_kernel_returns_the_query_dtype(kernel) -> None:
     assert out.dtype == torch.bfloat16 and out.shape == q.shape
 
 
-def test_split_balances_cost_and_covers_every_item() -> None:
-    assert PagedDecodeKernel.split([100, 1, 1, 100], 2) == [(0, 2), (2, 4)]
-    assert PagedDecodeKernel.split([5, 5, 5], 1) == [(0, 3)]
-    assert PagedDecodeKernel.split([7], 4) == [(0, 1)]
-    ranges = PagedDecodeKernel.split(list(range(1, 30)), 3)
-    assert ranges[0][0] == 0 and ranges[-1][1] == 29
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
-
-
 def test_backend_uses_the_kernel_and_can_be_told_not_to() -> None:
     assert TorchAttentionBackend().kernel is not None
     assert TorchAttentionBackend(decode_kernel="torch").kernel is None

@@ -5,9 +5,9 @@
  * contiguous; q and out are [n, num_heads, head_dim], contiguous; tables is [n, stride] int32.
  *
  * A work item is one (sequence, KV head) pair: its keys and values are read once for all
- * the query heads of its group (grouped-query attention). Items [begin, end) are done by one
- * call; the caller splits the items across threads (ctypes releases the GIL), so no OpenMP
- * runtime is needed beside torch's. Built with -fopenmp-simd for the `omp simd` loops only.
+ * the query heads of its group (grouped-query attention). Items are shared out by an OpenMP
+ * loop that runs on torch's own OpenMP threads (engine/native explains why that holds), so
+ * no second thread pool competes with torch's for the cores.
  */
 #include <math.h>
 #include <stdint.h>
@@ -18,6 +18,24 @@
 static inline float bf16_to_f32(uint16_t x) {
     union { uint32_t u; float f; } v = {(uint32_t)x << 16};
     return v.f;
+}
+
+/* exp(x) for x <= 0 (scores minus their maximum) in plain arithmetic the compiler vectorizes
+ * (glibc's expf is a scalar call): x = i ln2 + r, |r| <= ln2 / 2, and e^r by its degree-6
+ * Taylor polynomial (relative error under 2e-7); results below e^-87 flush to 0. */
+static inline float fast_exp(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float i = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+    const float r = (x - i * 0.693145751953125f) - i * 1.42860682030941723e-6f;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union { int32_t n; float f; } two_i = {((int32_t)i + 127) << 23};
+    return x <= -87.0f ? 0.0f : p * two_i.f;
 }
 
 /* The kernel is written once and instantiated per KV element type. */

@@ -57,6 +57,11 @@ class TorchAttentionBackend(AttentionBackend):
         return torch.float32
 
     def write_kv(self, key, value, k_cache, v_cache, meta: AttentionMetadata) -> None:
+        if self.kernel is not None:
+            from engine.attention.cpu_kernels import write_kv
+
+            if write_kv(key, value, k_cache, v_cache, meta.slot_mapping):
+                return
         bs = meta.block_size
         blocks = torch.div(meta.slot_mapping, bs, rounding_mode="floor")
         offsets = meta.slot_mapping - blocks * bs
@@ -99,8 +104,10 @@ class TorchAttentionBackend(AttentionBackend):
     def _decode(self, q, k_cache, v_cache, meta, scale, out) -> None:
         nd = meta.num_decodes
         if self.kernel is not None and q.device.type == "cpu" and k_cache.dtype in self.kernel.KV_DTYPES:
-            out.copy_(self.kernel(q, k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
-                                  meta.seq_lens_host[:nd], scale))
+            got = self.kernel(q, k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
+                              meta.seq_lens_host[:nd], scale, out=out)
+            if got is not out:
+                out.copy_(got)
             return
         lens = meta.seq_lens_host[:nd]
         for idx in self._buckets(lens):

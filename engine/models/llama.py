@@ -13,6 +13,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from engine.attention import Attention, AttentionMetadata
+from engine.models import fused
 from engine.models.linear import Linear
 
 
@@ -22,11 +23,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """``(normed, residual)``; with ``residual``, it becomes ``residual + x`` (in place) first."""
+        return fused.rms_norm(x, self.weight, self.eps, residual)
 
 
 class RotaryEmbedding(nn.Module):
@@ -44,16 +43,10 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
         self.register_buffer("sin", emb.sin() * scaling, persistent=False)
-        self.half = head_dim // 2
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos = self.cos[positions].to(q.dtype).unsqueeze(1)
-        sin = self.sin[positions].to(q.dtype).unsqueeze(1)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x[..., : self.half], x[..., self.half :]
-        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    def rotate_(self, positions: torch.Tensor, qkv: torch.Tensor, num_heads: int, head_dim: int) -> None:
+        """Rotate the first ``num_heads`` heads (q, then k) of each fused qkv row, in place."""
+        fused.rotary_(qkv, num_heads, head_dim, positions, self.cos, self.sin)
 
 
 class LlamaAttention(nn.Module):
@@ -70,11 +63,11 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x, positions, rotary: RotaryEmbedding, meta: AttentionMetadata):
         qkv = self.qkv_proj(x)
+        rotary.rotate_(positions, qkv, self.num_heads + self.num_kv_heads, self.head_dim)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
         o = self.attn(q, k, v, meta)
         return self.o_proj(o.reshape(-1, self.q_size))
 
@@ -88,7 +81,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate).mul_(up))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -99,9 +92,13 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, x, positions, rotary, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, positions, rotary, meta):
+        """``x``: the previous sublayer's output (the embeddings for the first layer), not yet
+        added to ``residual`` (None for the first layer). Returns the same pair for the next layer."""
+        x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, positions, rotary, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -129,8 +126,8 @@ class LlamaForCausalLM(nn.Module):
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
         """Logits only for ``logits_indices``: the tokens whose next token is sampled."""
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(x, positions, self.rotary, meta)
-        x = self.norm(x[logits_indices])
+            x, residual = layer(x, residual, positions, self.rotary, meta)
+        x, _ = self.norm(x[logits_indices], residual[logits_indices])
         return self.lm_head(x).float()

@@ -1,0 +1,125 @@
+"""Builds and loads the small C libraries of the CPU path (once, cached), called through ctypes.
+
+Each library is compiled with the system C compiler and ``-march=native``, and cached under
+``$TOKENMILL_CACHE/kernels`` keyed by its sources, the flags and the CPU's feature flags.
+
+Why ``-fopenmp`` is safe here: torch ships its own ``libgomp.so.1`` and loads it first. The
+dynamic loader matches an already-loaded library by its soname, so a library built with
+``-fopenmp`` (needing ``libgomp.so.1``) binds to torch's copy: its parallel loops run on
+torch's OpenMP threads instead of a second pool that would spin against them on the same
+cores. ``tests/test_native.py`` checks that only one libgomp is mapped.
+
+Without a compiler, or with ``TOKENMILL_CPU_KERNELS=0``, ``load()`` returns None and callers
+use their torch formulation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch  # loads torch's libgomp before any library here needs it
+
+log = logging.getLogger(__name__)
+
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-std=gnu11", "-shared", "-fPIC"]
+
+
+def cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _build(compiler: str, source: Path, flags: list[str], target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        result = subprocess.run([compiler, *flags, str(source), "-o", str(built), "-lm"],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-2000:]}")
+        built.rename(target)  # atomic: a concurrent builder never loads a half-written file
+
+
+def load(name: str, source: Path, includes: tuple[Path, ...] = (), flags: list[str] | None = None) -> ctypes.CDLL | None:
+    """The built library ``name`` from ``source`` (``includes``: files it #includes, part of the
+    cache key), or None with one warning where it cannot be had."""
+    if os.environ.get("TOKENMILL_CPU_KERNELS", "1") == "0":
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        log.warning("no C compiler found: %s falls back to torch ops (slower)", name)
+        return None
+    from engine.model_registry import cache_dir
+
+    flags = FLAGS if flags is None else flags
+    text = b"".join(p.read_bytes() for p in (source, *includes))
+    key = hashlib.sha256(text + " ".join(flags).encode() + cpu_flags().encode()).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"{name}-{key}.so"
+    try:
+        if not target.is_file():
+            _build(compiler, source, flags, target)
+        return ctypes.CDLL(str(target))
+    except (OSError, RuntimeError) as exc:
+        log.warning("cannot build %s, falling back to torch ops: %s", name, exc)
+        return None
+
+
+FUSED_SOURCE = Path(__file__).with_name("fused_ops.c")
+FUSED_BODY = FUSED_SOURCE.with_name("fused_ops_body.h")
+FUSED_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+@functools.cache
+def fused_ops() -> ctypes.CDLL | None:
+    """``fused_ops.c``: residual add + RMSNorm, rotary in place, KV write (float32 and bfloat16)."""
+    lib = load("fused_ops", FUSED_SOURCE, (FUSED_BODY,))
+    if lib is None:
+        return None
+    p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    for sfx in FUSED_SUFFIX.values():
+        getattr(lib, f"rms_norm_{sfx}").argtypes = [p, p, p, i64, i64, f32, i64]
+        getattr(lib, f"add_rms_norm_{sfx}").argtypes = [p, p, p, p, i64, i64, f32, i64]
+        getattr(lib, f"rotary_{sfx}").argtypes = [p, p, p, p, i64, i64, i64, i64, i64]
+        fn = getattr(lib, f"write_kv_{sfx}")
+        fn.argtypes = [p, p, i64, p, p, p, i64, i64, i64, i64, i64]
+        fn.restype = ctypes.c_int
+    return lib
+
+
+def fused_fn(name: str, *tensors: torch.Tensor):
+    """The ``fused_ops`` kernel ``name`` for these CPU tensors of one dtype, or None where the
+    caller's torch formulation must run."""
+    t = tensors[0]
+    if t.device.type != "cpu" or t.dtype not in FUSED_SUFFIX or any(x.dtype != t.dtype for x in tensors):
+        return None
+    lib = fused_ops()
+    return None if lib is None else getattr(lib, f"{name}_{FUSED_SUFFIX[t.dtype]}")
+
+
+def threads() -> int:
+    return max(1, torch.get_num_threads())
+
+
+THREADS_SOURCE = Path(__file__).with_name("threads.c")
+
+
+@functools.cache
+def thread_lib() -> ctypes.CDLL | None:
+    lib = load("threads", THREADS_SOURCE)
+    if lib is not None:
+        lib.bind_threads.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+        lib.bind_threads.restype = ctypes.c_int
+    return lib
