@@ -8,6 +8,13 @@ own oneDNN helper. 16-bit weights are packed in bfloat16 where the CPU has nativ
 products (avx512_bf16 or AMX: oneDNN uses them at every row count), otherwise as a float32
 copy: without them torch's bf16 matmul was measured at about 1 GFLOP/s on an AVX2-only EPYC.
 
+A bfloat16 weight on a CPU with avx512_bf16 but no AMX is also packed as a float32 copy, used
+above ``BF16_MAX_ROWS`` rows: there oneDNN's bfloat16 products ran at about 160 GFLOP/s against
+300 for float32 (Xeon, 2 cores, 64-2048 rows), while at a few rows, where a product only
+streams its weight, the bfloat16 copy is faster for having half the bytes (LM head, 4 rows:
+1.5 ms vs 3.5 ms). Either way the products accumulate in float32 and the output is rounded
+to bfloat16: only the summation order differs.
+
 Unpacked (no oneDNN, another device, or ``pack()`` not called) it falls back to choosing the
 faster orientation of the MKL product: ``W @ x.T`` up to 256 rows, ``F.linear`` beyond.
 """
@@ -15,6 +22,7 @@ faster orientation of the MKL product: ``W @ x.T`` up to 256 rows, ``F.linear`` 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +30,7 @@ from torch import nn
 
 WEIGHT_MAJOR_MAX_ROWS = 256  # unpacked float32: up to this many rows, W @ x.T is the faster product
 PACK_ROWS_HINT = 64  # the row count oneDNN tunes the packed layout for (any count still works)
+BF16_MAX_ROWS = 8  # above this many rows a bfloat16 weight multiplies as its float32 copy (without AMX)
 
 
 @functools.cache
@@ -30,6 +39,15 @@ def fast_16bit_gemm() -> bool:
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
+        return False
+
+
+@functools.cache
+def has_amx() -> bool:
+    """Whether the CPU has AMX tiles for bfloat16 (then oneDNN's bfloat16 products win at every size)."""
+    try:
+        return "amx_bf16" in Path("/proc/cpuinfo").read_text()
+    except OSError:
         return False
 
 
@@ -48,23 +66,33 @@ def compute_dtype(weight_dtype: torch.dtype) -> torch.dtype:
 class Linear(nn.Linear):
     packed: torch.Tensor | None = None
     packed_bias: torch.Tensor | None = None
+    packed_f32: torch.Tensor | None = None  # float32 copy of a bfloat16 weight, for many rows
+    packed_bias_f32: torch.Tensor | None = None
     weight_f32: torch.Tensor | None = None
 
     def pack(self) -> bool:
         """Reorder the weight for oneDNN (a copy: the parameter itself is left as it is).
         Returns False where the CPU build cannot; call again after changing the weight."""
-        self.packed = self.packed_bias = None
+        self.packed = self.packed_bias = self.packed_f32 = self.packed_bias_f32 = None
         if not can_pack() or self.weight.device.type != "cpu":
             return False
         dtype = compute_dtype(self.weight.dtype)
-        w = self.weight.detach().to(dtype)
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(w, batch_size=PACK_ROWS_HINT)
-        self.packed_bias = None if self.bias is None else self.bias.detach().to(dtype)
+        self.packed, self.packed_bias = self._packed_as(dtype)
+        if dtype == torch.bfloat16 and not has_amx():
+            self.packed_f32, self.packed_bias_f32 = self._packed_as(torch.float32)
         return True
+
+    def _packed_as(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+        w = self.weight.detach().to(dtype)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, batch_size=PACK_ROWS_HINT)
+        return packed, None if self.bias is None else self.bias.detach().to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.device.type != "cpu":
             return F.linear(x, self.weight, self.bias)
+        if self.packed_f32 is not None and x.shape[0] > BF16_MAX_ROWS:
+            out = torch.ops.mkldnn._linear_pointwise(x.float(), self.packed_f32, self.packed_bias_f32, "none", [], "")
+            return out.to(x.dtype)
         if self.packed is not None:
             out = torch.ops.mkldnn._linear_pointwise(
                 x.to(self.packed.dtype), self.packed, self.packed_bias, "none", [], ""

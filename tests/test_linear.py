@@ -1,0 +1,50 @@
+"""The prepacked Linear (engine/models/linear.py) computes what F.linear computes, in each of
+its paths: float32 packed, bfloat16 packed at few rows, bfloat16 through its float32 copy at many."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.models import linear
+from engine.models.linear import BF16_MAX_ROWS, Linear
+
+pytestmark = pytest.mark.skipif(not linear.can_pack(), reason="this torch build has no oneDNN linear packing")
+
+
+def make(dtype: torch.dtype, bias: bool) -> Linear:
+    torch.manual_seed(0)
+    layer = Linear(96, 80, bias=bias).to(dtype)
+    assert layer.pack()
+    return layer
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_float32_packed_matches_f_linear(rows, bias) -> None:
+    layer = make(torch.float32, bias)
+    x = torch.randn(rows, 96)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, BF16_MAX_ROWS, BF16_MAX_ROWS + 1, 200])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bfloat16_matches_float32_products_rounded(rows, bias) -> None:
+    layer = make(torch.bfloat16, bias)
+    x = torch.randn(rows, 96).to(torch.bfloat16)
+    got = layer(x)
+    assert got.dtype == torch.bfloat16
+    want = F.linear(x.float(), layer.weight.float(), None if layer.bias is None else layer.bias.float())
+    # float32 accumulation in both; rounding the sum to bfloat16 is the only large error
+    torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=2 ** -7)
+
+
+def test_bfloat16_keeps_a_float32_copy_only_without_amx() -> None:
+    layer = make(torch.bfloat16, False)
+    if linear.compute_dtype(torch.bfloat16) != torch.bfloat16:
+        assert layer.packed.dtype == torch.float32 and layer.packed_f32 is None
+    elif linear.has_amx():
+        assert layer.packed_f32 is None
+    else:
+        assert layer.packed.dtype == torch.bfloat16 and layer.packed_f32.dtype == torch.float32
