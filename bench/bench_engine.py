@@ -92,16 +92,20 @@ def run_vllm(peer: peers.VllmPeer, name: str, wl) -> dict:
 
 @contextlib.contextmanager
 def hold(path: str | None, log: list):
-    """Create ``path`` while measuring (other jobs on the machine pause while it exists)."""
+    """Create ``path`` while measuring (other jobs on the machine pause while it exists); a file
+    already there (held by whoever started the run) is left in place."""
     if path is None:
         yield
         return
-    Path(path).touch()
+    ours = not Path(path).exists()
+    if ours:
+        Path(path).write_text("perf: bench_engine.py measuring (removed between phases and at the end)\n")
     log.append({"held_from": time.time(), "settle_s": sysinfo.wait_for_idle(), "load_at_start": sysinfo.load()})
     try:
         yield
     finally:
-        Path(path).unlink(missing_ok=True)
+        if ours:
+            Path(path).unlink(missing_ok=True)
         log[-1]["held_s"] = time.time() - log[-1]["held_from"]
 
 
@@ -122,6 +126,9 @@ def measure_dtype(args, dtype: str, wls: dict, model_dir: Path, rows: list, hold
         with hold(args.hold, hold_log):
             phase["matmul_gflops_float32"] = sysinfo.matmul_gflops(torch.float32)
             phase["matmul_gflops"] = sysinfo.matmul_gflops(getattr(torch, dtype))
+            # The ceiling: the faster of the two, since a bfloat16 model may multiply through a
+            # float32 copy of its weights (engine/models/linear.py: without AMX, above 8 rows).
+            phase["ceiling_gflops"] = max(phase["matmul_gflops"], phase["matmul_gflops_float32"])
             phase["bandwidth_gbs"] = sysinfo.bandwidth_gbs()
             for name, wl in wls.items():
                 pairs = args.pairs if name in args.pairs_on else 1
@@ -138,7 +145,7 @@ def measure_dtype(args, dtype: str, wls: dict, model_dir: Path, rows: list, hold
                               f"{row['wall_s']:.1f} s", flush=True)
         m = llm.engine.runner.model
         weight_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
-        phase["limits"] = {name: limits.limit(wl, m, phase["matmul_gflops"], phase["bandwidth_gbs"], weight_bytes)
+        phase["limits"] = {name: limits.limit(wl, m, phase["ceiling_gflops"], phase["bandwidth_gbs"], weight_bytes)
                            for name, wl in wls.items()}
     finally:
         if peer:
