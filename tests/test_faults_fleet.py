@@ -14,6 +14,7 @@ Every test checks that each input id is in the output exactly once (ids, not par
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 import uuid
@@ -31,13 +32,14 @@ from test_celery_fleet import (  # _forget_job_state: autouse, forgets the ids i
     RABBIT_BROKER,
     REDIS_BROKER,
     Fleet,
+    Worker,
     _forget_job_state,  # noqa: F401
     _make_fleet,
     _require,
     wait_until,
 )
 
-from connectors import read_parts
+from connectors import list_shards, part_name, read_manifest, read_parts
 from pipeline.fleet import job_status, wait_for_job
 
 
@@ -88,16 +90,51 @@ def _s3_job(fleet: Fleet, s3_server, bucket: str, model_dir: Path, tag: str, row
     return plan, ids
 
 
-def _worker_holding_two(job_id: str) -> tuple[int, list[int]] | None:
-    """(pid, shard indices) of a worker running two shard tasks of the job, rows already done."""
+def _worker_holding_two(job_id: str, rows: int) -> tuple[int, list[int]] | None:
+    """(pid, shard indices) of a worker running two shard tasks of the job, rows already done,
+    and none of them past half its rows: a part is committed only once every row of its shard
+    is done, so these shards are many decode waves away from a commit."""
     held: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for shard in job_status(job_id)["shards"]:
         if shard["state"] == "running" and shard.get("worker"):
             held[shard["worker"]].append(shard)
     for worker, shards in held.items():
-        if len(shards) >= 2 and any(s["rows_done"] > 0 for s in shards):
+        if (len(shards) >= 2 and any(s["rows_done"] > 0 for s in shards)
+                and all(s["rows_done"] <= rows // 2 for s in shards)):
             return int(worker.rsplit(":", 1)[1]), sorted(s["index"] for s in shards)
     return None
+
+
+def _written_parts(plan, indices: list[int], s3_server) -> list[int]:
+    """Those of the shards whose output part exists (committed by whoever ran them)."""
+    refs = {r.index: r for r in list_shards(plan.input_url, storage_options=s3_server.storage_options)}
+    bucket, prefix = plan.output_url.removeprefix("s3://").split("/", 1)
+    listed = s3_server.client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/").get("Contents", [])
+    names = {o["Key"].rsplit("/", 1)[1] for o in listed}
+    return [i for i in indices if part_name(refs[i].part_id) in names]
+
+
+def _freeze_a_worker_holding_two(fleet: Fleet, plan, job_id: str, rows: int, s3_server) -> tuple[Worker, list[int]]:
+    """SIGSTOP a worker that holds two running shards of the job, neither of them written yet.
+
+    Checked while it is frozen (and after the S3 requests it had sent have landed): a worker
+    that slipped a commit in between the state poll and the stop is let go, and another moment
+    is awaited. So the kill that follows provably loses two unfinished shards, and a part of
+    theirs found later was written by another worker."""
+
+    def frozen() -> tuple[Worker, list[int]] | None:
+        found = _worker_holding_two(job_id, rows)
+        if found is None:
+            return None
+        worker, held = fleet.by_pid(found[0]), found[1]
+        os.killpg(worker.pid, signal.SIGSTOP)
+        time.sleep(1)
+        if _written_parts(plan, held, s3_server):
+            os.killpg(worker.pid, signal.SIGCONT)
+            return None
+        return worker, held
+
+    return wait_until(frozen, 180, "a worker holding two running shards, none of them written")
 
 
 def _finished(fleet: Fleet, job_id: str) -> dict[str, Any]:
@@ -112,22 +149,36 @@ def _assert_each_id_once(plan, ids: list[str], s3_server) -> None:
     assert sorted(out) == sorted(ids) and len(out) == len(set(out))
 
 
-def _redone_elsewhere(job_id: str, indices: list[int], victim: int) -> None:
-    final = {s["index"]: s for s in job_status(job_id)["shards"]}
+def _redone_elsewhere(job_id: str, indices: list[int], victim: int, *, duplicates: bool = False) -> None:
+    """The shards ended done by another worker. With ``duplicates`` (Redis with a visibility timeout
+    shorter than a slow shard) a shard may also end ``skipped``: a second delivery of its message,
+    taken while the first copy still ran, found the part current and reported last."""
+    ends = ("done", "skipped") if duplicates else ("done",)
+
+    def final() -> dict[int, dict[str, Any]] | None:  # such a second copy may still be about to skip
+        shards = {s["index"]: s for s in job_status(job_id)["shards"]}
+        return shards if all(shards[i]["state"] in ends for i in indices) else None
+
+    shards = wait_until(final, 60, f"shards {indices} {' or '.join(ends)}")
     for i in indices:
-        assert final[i]["state"] == "done" and not final[i]["worker"].endswith(f":{victim}"), final[i]
+        assert not shards[i]["worker"].endswith(f":{victim}"), shards[i]
 
 
 def _kill_a_worker_holding_two(fleet: Fleet, s3_server, bucket: str, model_dir: Path, tag: str) -> None:
     fleet.ensure(2)
-    plan, ids = _s3_job(fleet, s3_server, bucket, model_dir, tag, rows=80)
+    rows = 80
+    plan, ids = _s3_job(fleet, s3_server, bucket, model_dir, tag, rows=rows)
     job_id = fleet.submit(plan)
-    pid, held = wait_until(lambda: _worker_holding_two(job_id), 180, "a worker holding two running shards")
-    fleet.by_pid(pid).kill()  # SIGKILL: no ack, no reject, no cleanup
+    victim, held = _freeze_a_worker_holding_two(fleet, plan, job_id, rows, s3_server)
+    victim.kill()  # SIGKILL: no ack, no reject, no cleanup
     status = _finished(fleet, job_id)
     assert status["status"] == "succeeded", fleet.logs()
     _assert_each_id_once(plan, ids, s3_server)
-    _redone_elsewhere(job_id, held, pid)
+    assert _written_parts(plan, held, s3_server) == held  # written after the kill: by another worker
+    manifest = read_manifest(plan.output_url, s3_server.storage_options)
+    totals = manifest["totals"]
+    assert totals["rows"] == len(ids) and totals["shards_done"] + totals["shards_skipped"] == 4, totals
+    _redone_elsewhere(job_id, held, victim.pid, duplicates=fleet.broker_url.startswith("redis"))
 
 
 def test_kill9_of_a_threads_worker_holding_two_shards_rabbitmq_s3(rabbit_fleet, s3_server, s3_bucket,
@@ -179,7 +230,7 @@ def test_sigterm_hands_shards_back_at_once_and_the_job_completes_elsewhere(
     fleet.ensure(2)
     plan, ids = _s3_job(fleet, s3_server, s3_bucket, tiny_model_dir, "sigterm", rows=100)
     job_id = fleet.submit(plan)
-    pid, held = wait_until(lambda: _worker_holding_two(job_id), 180, "a worker holding two running shards")
+    pid, held = wait_until(lambda: _worker_holding_two(job_id, 100), 180, "a worker holding two running shards")
     victim = fleet.by_pid(pid)
     victim.proc.send_signal(signal.SIGTERM)
     assert victim.proc.wait(timeout=120) == 0, victim.log.read_text()[-3000:]  # a clean warm shutdown
