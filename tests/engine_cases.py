@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import torch
+from hf_reference_cache import cached_reference
 
 INSTRUCTION = "You are a careful assistant. Summarise the document in one short sentence."
 
@@ -65,14 +66,21 @@ def hf_model(model_dir: str):
 
 
 def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """HF transformers reference: one prompt at a time, no padding, greedy."""
-    model = hf_model(str(model_dir))
-    outs = []
-    with torch.inference_mode():
-        for p in prompts:
-            gen = model.generate(
-                torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=2,
-            )
-            outs.append(gen[0, len(p):].tolist())
-    return outs
+    """HF transformers reference: one prompt at a time, no padding, greedy, float32 (computed once
+    per model, prompts, versions and CPU: see hf_reference_cache)."""
+
+    def compute() -> list[list[int]]:
+        model = hf_model(str(model_dir))
+        outs = []
+        with torch.inference_mode():
+            for p in prompts:
+                gen = model.generate(
+                    torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                    max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=2,
+                )
+                outs.append(gen[0, len(p):].tolist())
+        return outs
+
+    request = {"kind": "greedy", "dtype": "float32", "pad_token_id": 2, "max_new_tokens": max_new_tokens,
+               "prompts": [list(p) for p in prompts]}
+    return cached_reference(model_dir, request, compute)
