@@ -1,5 +1,6 @@
-"""The Celery fleet for real: worker subprocesses on Redis and RabbitMQ, S3 on loopback,
-a worker killed with SIGKILL mid-shard, cancellation, idempotent redelivery.
+"""The Celery fleet for real: worker subprocesses on Redis, S3 on loopback, cancellation,
+idempotent redelivery, a broker restart (RabbitMQ and workers killed mid-shard:
+tests/test_faults_fleet.py).
 
 Every run uses its own queue name and Redis key prefix, so stale messages of other
 runs (or other fleets on the same Redis) are never seen, and the short visibility
@@ -206,14 +207,6 @@ def redis_threads_fleet(tmp_path_factory, s3_env, tiny_model_dir) -> Iterator[Fl
     yield from _make_fleet(REDIS_BROKER, tmp_path_factory, tiny_model_dir, s3_env, pool="threads")
 
 
-@pytest.fixture(scope="module")
-def rabbit_fleet(tmp_path_factory, tiny_model_dir) -> Iterator[Fleet]:
-    _require(6379, "Redis")
-    _require(5672, "RabbitMQ")
-    # the default pool: two shard tasks per worker feeding one engine service
-    yield from _make_fleet(RABBIT_BROKER, tmp_path_factory, tiny_model_dir, {}, pool="threads")
-
-
 _JOB_IDS: list[str] = []
 
 
@@ -354,11 +347,12 @@ def test_cancel_job(redis_fleet, tmp_path, tiny_model_dir) -> None:
 # ---- a worker killed mid-shard: tests/test_faults_fleet.py (threads pool, S3, two shards held) ----
 
 
-def test_threads_worker_builds_its_engine_on_the_service_thread_before_ready(rabbit_fleet) -> None:
+def test_threads_worker_builds_its_engine_on_the_service_thread_before_ready(redis_threads_fleet) -> None:
     """The threads pool sends no worker_process_init: the preload runs on worker_ready instead,
-    on the thread that will run the engine, before the worker says it is ready."""
-    rabbit_fleet.ensure(1)
-    log = rabbit_fleet.alive()[0].log.read_text()
+    on the thread that will run the engine, before the worker says it is ready. (The soak's
+    workers: the broker plays no part here, so no fleet of its own is started for it.)"""
+    redis_threads_fleet.ensure(1)
+    log = redis_threads_fleet.alive()[0].log.read_text()
     built = log.index("engine built and warmed for ")
     assert "(tokenmill-engine)" in log[built:built + 300]
     assert built < log.index(" ready.")
