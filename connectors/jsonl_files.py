@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from connectors.manifest import write_text
+from connectors.manifest import read_optional_bytes, write_text
 from connectors.storage import filesystem_for, with_retries
 
 
@@ -29,12 +29,7 @@ def read_lines(url: str, compression: str | None = None, storage_options: dict |
 
 def holds_text(url: str, text: str, storage_options: dict | None = None) -> bool:
     """Whether the object at ``url`` exists and holds exactly ``text``."""
-    fs, path = filesystem_for(url, storage_options)
-    try:
-        with fs.open(path, "rb") as f:
-            return f.read() == text.encode("utf-8")
-    except FileNotFoundError:
-        return False
+    return read_optional_bytes(url, storage_options) == text.encode("utf-8")
 
 
 def _unlisted(folder_url: str, name_pattern: str, keep: Iterable[str], storage_options: dict | None) -> list[str]:
