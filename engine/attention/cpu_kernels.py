@@ -34,7 +34,7 @@ def load() -> ctypes.CDLL | None:
     if lib is None:
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    for fn in (lib.paged_decode_f32, lib.paged_decode_bf16):
+    for fn in (lib.paged_decode_f32, lib.paged_decode_bf16, lib.paged_decode_bf16q):
         fn.argtypes = [p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, i64]
         fn.restype = ctypes.c_int
     return lib
@@ -47,6 +47,7 @@ class PagedDecodeKernel:
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.fns = {torch.float32: lib.paged_decode_f32, torch.bfloat16: lib.paged_decode_bf16}
+        self.bf16_queries = lib.paged_decode_bf16q
 
     @staticmethod
     def _bad_table(seq: int, tables: torch.Tensor, lens: list[int], block_size: int, num_blocks: int) -> IndexError:
@@ -65,7 +66,8 @@ class PagedDecodeKernel:
         num_kv_heads, num_blocks, block_size, _ = k_cache.shape
         assert k_cache.dtype == v_cache.dtype and k_cache.dtype in self.KV_DTYPES
         assert k_cache.is_contiguous() and v_cache.is_contiguous()
-        fn = self.fns[k_cache.dtype]
+        # bfloat16 queries with a bfloat16 cache: the instance that may score with bf16 dot products
+        fn = self.bf16_queries if q.dtype == k_cache.dtype == torch.bfloat16 else self.fns[k_cache.dtype]
         q32 = q.to(torch.float32).contiguous()
         tables = tables.to(torch.int32)
         if tables.stride(-1) != 1:

@@ -22,11 +22,12 @@ faster orientation of the MKL product: ``W @ x.T`` up to 256 rows, ``F.linear`` 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine.host import has_amx  # noqa: F401  (tests and callers read it here too)
 
 WEIGHT_MAJOR_MAX_ROWS = 256  # unpacked float32: up to this many rows, W @ x.T is the faster product
 PACK_ROWS_HINT = 64  # the row count oneDNN tunes the packed layout for (any count still works)
@@ -39,15 +40,6 @@ def fast_16bit_gemm() -> bool:
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
-        return False
-
-
-@functools.cache
-def has_amx() -> bool:
-    """Whether the CPU has AMX tiles for bfloat16 (then oneDNN's bfloat16 products win at every size)."""
-    try:
-        return "amx_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
         return False
 
 

@@ -2,6 +2,9 @@
 
 The model never sees a batch dimension: a step is ``T`` tokens from many sequences,
 and attention reaches each sequence's history through the paged KV pool.
+
+Submodules are called through ``.forward`` directly: ``Module.__call__`` (hook dispatch) cost
+about 3 us a call, some 300 calls a step, and no hooks are used here.
 """
 
 from __future__ import annotations
@@ -44,6 +47,16 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
         self.register_buffer("sin", emb.sin() * scaling, persistent=False)
 
+    def _apply(self, fn, recurse=True):
+        """Follow the model to its device but keep the tables in float32 (a bfloat16 model's
+        ``.to(dtype)`` would round them): the fused kernel takes float32 tables and rounds each
+        value to the model's dtype as it reads it, as the torch fallback does at use."""
+        cos, sin = self.cos, self.sin
+        super()._apply(fn, recurse)
+        if not cos.is_meta:  # a model built on the meta device gets its tables rebuilt by the loader
+            self.cos, self.sin = cos.to(self.cos.device), sin.to(self.sin.device)
+        return self
+
     def rotate_(self, positions: torch.Tensor, qkv: torch.Tensor, num_heads: int, head_dim: int) -> None:
         """Rotate the first ``num_heads`` heads (q, then k) of each fused qkv row, in place."""
         fused.rotary_(qkv, num_heads, head_dim, positions, self.cos, self.sin)
@@ -62,14 +75,14 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(self.num_heads, self.num_kv_heads, head_dim, head_dim**-0.5)
 
     def forward(self, x, positions, rotary: RotaryEmbedding, meta: AttentionMetadata):
-        qkv = self.qkv_proj(x)
+        qkv = self.qkv_proj.forward(x)
         rotary.rotate_(positions, qkv, self.num_heads + self.num_kv_heads, self.head_dim)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        o = self.attn(q, k, v, meta)
-        return self.o_proj(o.reshape(-1, self.q_size))
+        o = self.attn.forward(q, k, v, meta)
+        return self.o_proj.forward(o.reshape(-1, self.q_size))
 
 
 class LlamaMLP(nn.Module):
@@ -80,8 +93,8 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(self.intermediate, config.hidden_size, bias=False)
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate).mul_(up))
+        gate, up = self.gate_up_proj.forward(x).split(self.intermediate, dim=-1)
+        return self.down_proj.forward(F.silu(gate).mul_(up))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -95,10 +108,10 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, x, residual, positions, rotary, meta):
         """``x``: the previous sublayer's output (the embeddings for the first layer), not yet
         added to ``residual`` (None for the first layer). Returns the same pair for the next layer."""
-        x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, positions, rotary, meta)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        x, residual = self.input_layernorm.forward(x, residual)
+        x = self.self_attn.forward(x, positions, rotary, meta)
+        x, residual = self.post_attention_layernorm.forward(x, residual)
+        return self.mlp.forward(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -128,6 +141,6 @@ class LlamaForCausalLM(nn.Module):
         """Logits only for ``logits_indices``: the tokens whose next token is sampled."""
         x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x, residual = layer(x, residual, positions, self.rotary, meta)
-        x, _ = self.norm(x[logits_indices], residual[logits_indices])
-        return self.lm_head(x).float()
+            x, residual = layer.forward(x, residual, positions, self.rotary, meta)
+        x, _ = self.norm.forward(x[logits_indices], residual[logits_indices])
+        return self.lm_head.forward(x).float()
