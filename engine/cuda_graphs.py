@@ -12,6 +12,8 @@ that is how the padding logic is tested where there is no GPU.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from engine.attention import AttentionMetadata
@@ -46,8 +48,12 @@ class DecodeGraphs:
         self.pool = None
         self.padded_steps = 0  # steps whose batch was padded up to a captured size
         self.steps = 0
+        self.replays: dict[int, int] = dict.fromkeys(self.batch_sizes, 0)  # steps run at each size
+        self.capture_seconds = 0.0
         if capture:
+            start = time.perf_counter()
             self._capture_all()
+            self.capture_seconds = time.perf_counter() - start
 
     def _meta(self, size: int) -> AttentionMetadata:
         """Metadata over the static buffers; host values are the capture-time constants."""
@@ -104,6 +110,7 @@ class DecodeGraphs:
         size = next(s for s in self.batch_sizes if s >= b)
         self.steps += 1
         self.padded_steps += size > b
+        self.replays[size] += 1
         width = meta.block_tables.shape[1]
         self.input_ids[:b].copy_(input_ids)
         self.positions[:b].copy_(positions)

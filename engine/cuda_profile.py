@@ -47,4 +47,7 @@ def profile_cuda_blocks(
     peak = torch.cuda.max_memory_allocated(dev) - probe_pool.numel() * probe_pool.element_size()
     runner.bind_kv_pool(None)
     del probe_pool
+    # Hand the probe pool and the step's activations back to the driver: memory the caching
+    # allocator still reserves would read as used by others and be taken off the pool twice.
+    torch.cuda.empty_cache()
     return blocks_from_cuda_memory(dev, utilization, peak, per_block)

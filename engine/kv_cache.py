@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+log = logging.getLogger(__name__)
 
 
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -20,6 +24,9 @@ def blocks_from_cuda_memory(device: torch.device, utilization: float, peak_bytes
     free, total = torch.cuda.mem_get_info(device)
     used_by_others = total - free - torch.cuda.memory_allocated(device)
     available = total * utilization - used_by_others - peak_bytes
+    log.info("KV sizing on %s: %.2f GiB total, %.2f GiB used by others, %.2f GiB peak (weights + activations), "
+             "%.2f GiB for the pool at utilization %.2f", device, total / 2**30, used_by_others / 2**30,
+             peak_bytes / 2**30, max(available, 0) / 2**30, utilization)
     if available < per_block:
         raise RuntimeError(
             f"no room for the KV cache on {device}: {total / 2**30:.1f} GiB total, "

@@ -140,8 +140,13 @@ class LLMEngine:
         return finished
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
-        """Next tokens under each sequence's grammar and settings; records the logprobs asked for."""
-        logits = self.structured.apply_masks(logits, [s.matcher for s in seqs])
+        """Next tokens under each sequence's grammar and settings; records the logprobs asked for.
+
+        An all-greedy step with no grammar and no logprobs takes the argmax where the logits
+        are (the GPU) and copies only the token ids; anything else samples on the CPU."""
+        if all(s.params.greedy and s.matcher is None and s.logprobs is None for s in seqs):
+            return logits.argmax(dim=-1).tolist()
+        logits = self.structured.apply_masks(logits.cpu(), [s.matcher for s in seqs])
         lp_rows = [i for i, s in enumerate(seqs) if s.logprobs is not None]
         raw = log_softmax(logits[lp_rows]) if lp_rows else None  # grammar-masked, before temperature/top-k/top-p
         tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])

@@ -41,7 +41,9 @@ class RotaryEmbedding(nn.Module):
         if rope_type == "default":
             inv_freq, scaling = LlamaRotaryEmbedding.compute_default_rope_parameters(config)
         else:
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+            # device None: the current default, so building under ``torch.device("meta")`` (the
+            # loader does, then rebuilds this module) stays on meta instead of copying out of it.
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, None)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq.float())
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
