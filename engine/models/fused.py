@@ -16,6 +16,15 @@ from engine.native import threads as _threads
 MAX_HEAD_DIM = 512  # the rotary kernel's per-head scratch
 
 
+def _triton_fused():
+    """The Triton versions for CUDA tensors (``fused_triton.py``), or None without triton."""
+    try:
+        from engine.models import fused_triton
+    except ImportError:
+        return None
+    return fused_triton
+
+
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
@@ -25,6 +34,10 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
     """``weight * norm(x)``, or with ``residual``: ``residual += x`` first (in place) and the norm
     of the new residual. Returns ``(normed, residual)``; without one, the residual is ``x``."""
+    if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1):
+        triton_fused = _triton_fused()
+        if triton_fused is not None and triton_fused.usable(x, weight):
+            return triton_fused.rms_norm(x, weight, eps, residual)
     fn = _fn("rms_norm" if residual is None else "add_rms_norm", x, weight)
     if fn is None or x.dim() != 2 or not x.is_contiguous() or (residual is not None and not residual.is_contiguous()):
         if residual is None:
@@ -50,6 +63,12 @@ def rotary_(qkv: torch.Tensor, num_heads: int, head_dim: int, positions: torch.T
             cos_table: torch.Tensor, sin_table: torch.Tensor) -> None:
     """Rotate the first ``num_heads`` heads of every ``qkv`` row in place (the q and k heads of a
     fused projection); cos/sin are float32 ``[positions, head_dim]`` tables."""
+    if (qkv.is_cuda and qkv.dim() == 2 and qkv.stride(1) == 1 and head_dim >= 2 and head_dim & (head_dim - 1) == 0
+            and cos_table.dtype == torch.float32 and cos_table.is_contiguous() and sin_table.is_contiguous()):
+        triton_fused = _triton_fused()
+        if triton_fused is not None and triton_fused.usable(qkv, cos_table):
+            triton_fused.rotary_(qkv, num_heads, head_dim, positions, cos_table, sin_table)
+            return
     fn = _fn("rotary", qkv)
     ok = (fn is not None and qkv.dim() == 2 and qkv.stride(1) == 1 and head_dim % 2 == 0
           and head_dim <= MAX_HEAD_DIM and positions.dtype == torch.int64 and positions.is_contiguous()
