@@ -34,8 +34,8 @@ class EngineConfig:
     scheduling: str = "continuous"  # continuous | static
     kv_allocation: str = "paged"  # paged | contiguous
     num_threads: int | None = None  # torch intra-op threads on CPU; None: one per core
-    # CUDA: None (default) = eager until CUDA graphs are verified on a GPU; False = capture them
-    # (Triton backend only); True = eager. See engine/device_features.py.
+    # CUDA: None (default) or False = capture CUDA graphs for decode steps (Triton backend only);
+    # True = eager. See engine/device_features.py.
     enforce_eager: bool | None = None
     compile: bool = False  # torch.compile the model
     seed: int = 0

@@ -1,21 +1,21 @@
-"""Which unverified CUDA features an engine turns on: opt-in until a GPU run has checked them.
+"""What an engine builds for its device, and which parts of that no GPU run has verified.
 
-The Triton kernels, CUDA-graph decode and the KV-sizing profile have only ever run under the
-Triton interpreter on a CPU. A user's first GPU run should not meet them by default, so on CUDA
-``attention_backend="auto"`` picks the torch backend (plain torch ops, the same code the CPU
-path runs), CUDA graphs need ``attention_backend="triton"`` and ``enforce_eager=False`` both set
-explicitly, and every unverified piece that does run is named in one loud start-up warning.
+On CUDA the defaults are the pieces verified on an H200 (README "The CUDA path",
+bench/published/gpu-*.json): the Triton attention backend, CUDA-graph decode and KV sizing
+from ``gpu_memory_utilization`` after a profiling step. What has still never run on a GPU
+is named in one start-up warning when it is switched on: today ``compile=True``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import warnings
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-UNVERIFIED = "has never run on a GPU in this project's tests (only under TRITON_INTERPRET=1 on a CPU)"
+UNVERIFIED = "has never run on a GPU in this project's tests"
 
 
 @dataclass(frozen=True)
@@ -28,31 +28,37 @@ class DeviceFeatures:
     warnings: tuple[str, ...] = ()
 
 
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
 def choose_features(
-    device: str, attention_backend: str, enforce_eager: bool | None, num_kv_blocks: int | None
+    device: str, attention_backend: str, enforce_eager: bool | None, num_kv_blocks: int | None,
+    compile: bool = False,
 ) -> DeviceFeatures:
-    """Pure decision from the settings: testable without a GPU."""
-    backend = "torch" if attention_backend == "auto" else attention_backend
+    """Pure decision from the settings (and whether triton is installed): testable without a GPU.
+
+    CUDA: ``auto`` is the Triton backend where triton is installed (torch otherwise), CUDA graphs
+    are captured unless ``enforce_eager=True`` (they need the Triton backend), and the KV pool is
+    sized by a profiling step unless ``num_kv_blocks`` is set."""
     if not device.startswith("cuda"):
-        return DeviceFeatures(backend, cuda_graphs=False, profile_kv_pool=False)
-    graphs = backend == "triton" and enforce_eager is False
-    profile = num_kv_blocks is None
+        return DeviceFeatures("torch" if attention_backend == "auto" else attention_backend, False, False)
+    backend = attention_backend
+    if backend == "auto":
+        backend = "triton" if triton_available() else "torch"
+    graphs = backend == "triton" and enforce_eager is not True
+    if backend == "torch" and enforce_eager is False:
+        log.info("CUDA graphs need the Triton attention backend: running eagerly")
     notes = []
-    if backend == "triton":
-        notes.append(f"the Triton attention backend {UNVERIFIED}")
-    if graphs:
-        notes.append(f"CUDA-graph decode capture {UNVERIFIED}")
-    elif backend == "triton" and enforce_eager is None:
-        log.info("CUDA graphs are opt-in until verified on a GPU: pass enforce_eager=False to capture them")
-    if profile:
-        notes.append(f"KV pool sizing from gpu_memory_utilization {UNVERIFIED}; set num_kv_blocks to skip it")
-    return DeviceFeatures(backend, graphs, profile, tuple(notes))
+    if compile:
+        notes.append(f"torch.compile of the model (compile=True) {UNVERIFIED}")
+    return DeviceFeatures(backend, graphs, num_kv_blocks is None, tuple(notes))
 
 
 def announce(features: DeviceFeatures) -> None:
     """One loud warning at start-up, through both logging and ``warnings``."""
     if not features.warnings:
         return
-    text = "tokenmill CUDA path not yet verified on a GPU: " + "; ".join(features.warnings)
+    text = "tokenmill CUDA path not verified on a GPU: " + "; ".join(features.warnings)
     log.warning(text)
     warnings.warn(text, RuntimeWarning, stacklevel=3)

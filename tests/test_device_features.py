@@ -1,11 +1,12 @@
-"""The unverified CUDA pieces are opt-in and announced (issue: no GPU has run them yet)."""
+"""What runs on each device by default: on CUDA the pieces verified on a GPU (README "The CUDA
+path"); only what has still never run on a GPU is announced."""
 
 import warnings
 
 import pytest
 
 from engine.attention import get_backend
-from engine.device_features import announce, choose_features
+from engine.device_features import announce, choose_features, triton_available
 
 
 def test_cpu_runs_the_torch_backend_without_warnings() -> None:
@@ -13,32 +14,37 @@ def test_cpu_runs_the_torch_backend_without_warnings() -> None:
     assert (f.attention_backend, f.cuda_graphs, f.profile_kv_pool, f.warnings) == ("torch", False, False, ())
 
 
-def test_cuda_default_is_torch_backend_eager_and_names_the_unverified_profile() -> None:
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+def test_cuda_default_is_triton_with_graphs_and_profiled_pool_without_warnings() -> None:
     f = choose_features("cuda", "auto", None, None)
-    assert f.attention_backend == "torch" and not f.cuda_graphs and f.profile_kv_pool
-    assert len(f.warnings) == 1 and "KV pool sizing" in f.warnings[0]
-    assert choose_features("cuda:0", "auto", None, 512).warnings == ()
+    assert (f.attention_backend, f.cuda_graphs, f.profile_kv_pool, f.warnings) == ("triton", True, True, ())
+    assert not choose_features("cuda:0", "auto", None, 512).profile_kv_pool
+    assert get_backend("auto", "cuda").name == "triton"
 
 
-def test_triton_and_cuda_graphs_only_when_asked_for_and_then_warned() -> None:
-    eager = choose_features("cuda", "triton", None, 512)
-    assert eager.attention_backend == "triton" and not eager.cuda_graphs
-    assert [w.split(" has never")[0] for w in eager.warnings] == ["the Triton attention backend"]
-    graphs = choose_features("cuda", "triton", False, 512)
-    assert graphs.cuda_graphs
-    assert [w.split(" has never")[0] for w in graphs.warnings] == [
-        "the Triton attention backend", "CUDA-graph decode capture"]
+def test_cuda_without_triton_falls_back_to_the_torch_backend(monkeypatch) -> None:
+    monkeypatch.setattr("engine.device_features.triton_available", lambda: False)
+    f = choose_features("cuda", "auto", None, None)
+    assert f.attention_backend == "torch" and not f.cuda_graphs
+
+
+def test_eager_and_torch_backend_turn_graphs_off() -> None:
     assert not choose_features("cuda", "triton", True, 512).cuda_graphs
-    assert not choose_features("cuda", "torch", False, 512).cuda_graphs  # graphs need the Triton backend
+    assert choose_features("cuda", "triton", False, 512).cuda_graphs
+    assert not choose_features("cuda", "torch", None, 512).cuda_graphs  # graphs need the Triton backend
+    assert not choose_features("cuda", "torch", False, 512).cuda_graphs
 
 
-def test_auto_backend_is_torch_on_cuda_too() -> None:
-    assert get_backend("auto", "cuda").name == "torch"
+def test_auto_backend_is_torch_on_cpu() -> None:
+    assert get_backend("auto", "cpu").name == "torch"
 
 
-def test_announce_warns_loudly_once() -> None:
-    with pytest.warns(RuntimeWarning, match="not yet verified on a GPU: the Triton attention backend"):
-        announce(choose_features("cuda", "triton", None, 512))
+def test_only_the_still_unverified_compile_is_announced() -> None:
+    f = choose_features("cuda", "triton", None, None, compile=True)
+    assert [w.split(" has never")[0] for w in f.warnings] == ["torch.compile of the model (compile=True)"]
+    assert choose_features("cpu", "auto", None, None, compile=True).warnings == ()
+    with pytest.warns(RuntimeWarning, match="not verified on a GPU: torch.compile"):
+        announce(f)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        announce(choose_features("cpu", "auto", None, None))
+        announce(choose_features("cuda", "auto", None, None))

@@ -60,8 +60,9 @@ def engine_modes(model_dir: Path, prompts, ref, gaps, dtype: str, device: str, b
             if dtype == "float32":
                 c["pass"] = c["identical"] == c["prompts"]
             else:
-                c["pass"] = all(d["hf_top2_gap"] is not None and d["hf_top2_gap"] < NEAR_TIE for d in c["diffs"]) \
-                    and c["identical"] >= c["prompts"] / 2
+                # Every divergence at a near-tie. (The real-model test also wants half the prompts identical;
+                # these random-weight models have exact bfloat16 ties, gap 0.0, in many prompts.)
+                c["pass"] = all(d["hf_top2_gap"] is not None and d["hf_top2_gap"] < NEAR_TIE for d in c["diffs"])
             if mode == "preemption":
                 c["pass"] = c["pass"] and c["preemptions"] > 0
             out[f"{variant}/{mode}"] = c
@@ -175,6 +176,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quick", action="store_true", help="dry run: fewer prompts and variants")
     ap.add_argument("--sections", default="equality,graphs,kv", help="comma-separated: equality, graphs, kv")
+    ap.add_argument("--backends", default="triton-eager,triton-graphs,torch",
+                    help="equality variants: triton-eager, triton-graphs, torch, default (no backend settings)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "urllib3", "filelock"):
@@ -189,9 +192,10 @@ def main() -> None:
     if dev == "cpu":
         backends = {"torch": dict(attention_backend="torch")}
     else:
-        backends = {"triton-eager": dict(attention_backend="triton", enforce_eager=True),
+        variants = {"triton-eager": dict(attention_backend="triton", enforce_eager=True),
                     "triton-graphs": dict(attention_backend="triton", enforce_eager=False),
-                    "torch": dict(attention_backend="torch", enforce_eager=True)}
+                    "torch": dict(attention_backend="torch", enforce_eager=True), "default": {}}
+        backends = {k: variants[k] for k in args.backends.split(",")}
     todo = args.sections.split(",")
     for name, model_dir, vocab in (("tiny", tiny, TINY["vocab_size"]), ("mid", mid, MID["vocab_size"])):
         if "equality" not in todo:

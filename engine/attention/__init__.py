@@ -5,10 +5,12 @@ from engine.attention.metadata import AttentionMetadata
 
 
 def get_backend(name: str, device: str) -> AttentionBackend:
-    """``auto`` is torch everywhere until the Triton path is verified on a GPU
-    (``engine/device_features.py``); ask for ``triton`` by name."""
+    """``auto``: Triton on CUDA where triton is installed (verified on an H200, see
+    ``engine/device_features.py``), torch everywhere else."""
     if name == "auto":
-        name = "torch"
+        from engine.device_features import triton_available
+
+        name = "triton" if str(device).startswith("cuda") and triton_available() else "torch"
     if name == "torch":
         from engine.attention.torch_backend import TorchAttentionBackend
 
