@@ -25,6 +25,11 @@ def build(kind: str, out, tokenizer_from):
     elif kind == "mistral":
         config = transformers.MistralConfig(**SMALL, sliding_window=None)
         model_cls = transformers.MistralForCausalLM
+    elif kind == "llama3-rope":  # Llama 3.x's frequency-dependent rope scaling (it once failed to load)
+        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64, "rope_theta": 500000.0}
+        config = transformers.LlamaConfig(**SMALL, rope_scaling=rope)
+        model_cls = transformers.LlamaForCausalLM
     else:
         config = transformers.LlamaConfig(**SMALL | {"tie_word_embeddings": True})
         model_cls = transformers.LlamaForCausalLM
@@ -42,7 +47,7 @@ def build(kind: str, out, tokenizer_from):
     return out
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "mistral", "llama-tied"])
+@pytest.mark.parametrize("kind", ["qwen2", "mistral", "llama-tied", "llama3-rope"])
 def test_family_matches_hf(kind, tmp_path, default_model_dir):
     model_dir = build(kind, tmp_path / kind, default_model_dir)
     prompts = random_prompts(6, seed=2)
