@@ -69,10 +69,10 @@ class PagedDecodeKernel:
         # bfloat16 queries with a bfloat16 cache: the instance that may score with bf16 dot products
         fn = self.bf16_queries if q.dtype == k_cache.dtype == torch.bfloat16 else self.fns[k_cache.dtype]
         q32 = q.to(torch.float32).contiguous()
-        tables = tables.to(torch.int32)
-        if tables.stride(-1) != 1:
-            tables = tables.contiguous()
-        seq_lens = seq_lens.to(torch.int32).contiguous()
+        if tables.dtype != torch.int32 or tables.stride(-1) != 1:  # the engine's metadata is int32 already
+            tables = tables.to(torch.int32).contiguous()
+        if seq_lens.dtype != torch.int32 or not seq_lens.is_contiguous():
+            seq_lens = seq_lens.to(torch.int32).contiguous()
         if out is None or out.dtype != torch.float32 or not out.is_contiguous():
             out = torch.empty_like(q32)
         args = (q32.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.stride(0),
@@ -83,7 +83,7 @@ class PagedDecodeKernel:
             raise MemoryError("CPU decode kernel could not allocate its score buffer")
         if code:
             raise self._bad_table(code - 1, tables, seq_lens_host, block_size, num_blocks)
-        return out.to(q.dtype)
+        return out if q.dtype == torch.float32 else out.to(q.dtype)
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -86,6 +86,8 @@ class Linear(nn.Linear):
             out = torch.ops.mkldnn._linear_pointwise(x.float(), self.packed_f32, self.packed_bias_f32, "none", [], "")
             return out.to(x.dtype)
         if self.packed is not None:
+            if x.dtype == self.packed.dtype:  # the common case: skip two no-op casts (a decode step has ~120 products)
+                return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.packed_bias, "none", [], "")
             out = torch.ops.mkldnn._linear_pointwise(
                 x.to(self.packed.dtype), self.packed, self.packed_bias, "none", [], ""
             )

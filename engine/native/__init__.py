@@ -105,8 +105,14 @@ def fused_fn(name: str, *tensors: torch.Tensor):
     t = tensors[0]
     if t.device.type != "cpu" or t.dtype not in FUSED_SUFFIX or any(x.dtype != t.dtype for x in tensors):
         return None
+    return _fused_kernel(name, t.dtype)
+
+
+@functools.cache
+def _fused_kernel(name: str, dtype: torch.dtype):
+    """One lookup per kernel and dtype (each layer asks several times a step)."""
     lib = fused_ops()
-    return None if lib is None else getattr(lib, f"{name}_{FUSED_SUFFIX[t.dtype]}")
+    return None if lib is None else getattr(lib, f"{name}_{FUSED_SUFFIX[dtype]}")
 
 
 def threads() -> int:
