@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models import linear
-from engine.models.linear import BF16_MAX_ROWS, Linear
+from engine.models.linear import BF16_MAX_ROWS, FLOAT32_MKL_MAX_ROWS, Linear
 
 pytestmark = pytest.mark.skipif(not linear.can_pack(), reason="this torch build has no oneDNN linear packing")
 
@@ -26,6 +26,15 @@ def test_float32_packed_matches_f_linear(rows, bias) -> None:
     layer = make(torch.float32, bias)
     x = torch.randn(rows, 96)
     torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", range(1, FLOAT32_MKL_MAX_ROWS + 1))
+def test_float32_few_rows_are_exactly_f_linear(rows) -> None:
+    """One or two rows go through MKL unpacked (faster there than the packed product): the very
+    same result as F.linear, bit for bit."""
+    layer = make(torch.float32, True)
+    x = torch.randn(rows, 96)
+    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
 
 
 @pytest.mark.parametrize("rows", [1, BF16_MAX_ROWS, BF16_MAX_ROWS + 1, 200])

@@ -32,6 +32,10 @@ from engine.host import has_amx  # noqa: F401  (tests and callers read it here t
 WEIGHT_MAJOR_MAX_ROWS = 256  # unpacked float32: up to this many rows, W @ x.T is the faster product
 PACK_ROWS_HINT = 64  # the row count oneDNN tunes the packed layout for (any count still works)
 BF16_MAX_ROWS = 8  # above this many rows a bfloat16 weight multiplies as its float32 copy (without AMX)
+# Up to this many rows a float32 weight multiplies unpacked through MKL's F.linear: the model's
+# 121 products at 1 row took 21.7 ms that way against 28.8 ms packed, 25.0 vs 30.3 at 2 rows,
+# and packed won from 4 rows (Xeon with AMX, 2 threads; bench notes in the README).
+FLOAT32_MKL_MAX_ROWS = 2
 
 
 @functools.cache
@@ -81,6 +85,8 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.device.type != "cpu":
+            return F.linear(x, self.weight, self.bias)
+        if x.shape[0] <= FLOAT32_MKL_MAX_ROWS and self.weight.dtype == x.dtype == torch.float32:
             return F.linear(x, self.weight, self.bias)
         if self.packed_f32 is not None and x.shape[0] > BF16_MAX_ROWS:
             out = torch.ops.mkldnn._linear_pointwise(x.float(), self.packed_f32, self.packed_bias_f32, "none", [], "")
