@@ -34,7 +34,9 @@ def test_kernel_matches_torch_reference(kernel, num_kv_heads, group, head_dim, t
     k_cache, v_cache = torch.randn(shape, generator=gen).to(kv_dtype), torch.randn(shape, generator=gen).to(kv_dtype)
     tables = torch.randperm(num_blocks, generator=gen)[: n * width].view(n, width).to(torch.int32)
     seq_lens = torch.tensor(LENGTHS, dtype=torch.int32)
-    q = torch.randn(n, num_kv_heads * group, head_dim, generator=gen).to(q_dtype)
+    # the engine's queries: a view of the fused qkv rows (the row stride spans q, k and v)
+    qkv = torch.randn(n, (num_kv_heads * group + 2 * num_kv_heads) * head_dim, generator=gen).to(q_dtype)
+    q = qkv[:, : num_kv_heads * group * head_dim].view(n, num_kv_heads * group, head_dim)
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -35,7 +35,7 @@ def load() -> ctypes.CDLL | None:
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     for fn in (lib.paged_decode_f32, lib.paged_decode_bf16, lib.paged_decode_bf16q):
-        fn.argtypes = [p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, i64]
+        fn.argtypes = [p, i64, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, i64]
         fn.restype = ctypes.c_int
     return lib
 
@@ -61,30 +61,38 @@ class PagedDecodeKernel:
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
         seq_lens: torch.Tensor, seq_lens_host: list[int], scale: float, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``out``: where to write (float32, contiguous, ``q``'s shape), else a new tensor of ``q``'s dtype."""
+        """``q``: ``[n, num_heads, head_dim]``, any row stride (a view of the fused projection is
+        read in place); ``out``: where to write (``q``'s dtype, contiguous), else a new tensor."""
         n, num_heads, head_dim = q.shape
         num_kv_heads, num_blocks, block_size, _ = k_cache.shape
         assert k_cache.dtype == v_cache.dtype and k_cache.dtype in self.KV_DTYPES
         assert k_cache.is_contiguous() and v_cache.is_contiguous()
-        # bfloat16 queries with a bfloat16 cache: the instance that may score with bf16 dot products
-        fn = self.bf16_queries if q.dtype == k_cache.dtype == torch.bfloat16 else self.fns[k_cache.dtype]
-        q32 = q.to(torch.float32).contiguous()
+        # bfloat16 queries with a bfloat16 cache: the instance that reads and writes bfloat16 and
+        # may score with bf16 dot products; otherwise queries and outputs are float32
+        if q.dtype == k_cache.dtype == torch.bfloat16:
+            fn, io_dtype = self.bf16_queries, torch.bfloat16
+        else:
+            fn, io_dtype = self.fns[k_cache.dtype], torch.float32
+        qk = q.to(io_dtype)
+        if qk.stride(2) != 1 or qk.stride(1) != head_dim:
+            qk = qk.contiguous()
         if tables.dtype != torch.int32 or tables.stride(-1) != 1:  # the engine's metadata is int32 already
             tables = tables.to(torch.int32).contiguous()
         if seq_lens.dtype != torch.int32 or not seq_lens.is_contiguous():
             seq_lens = seq_lens.to(torch.int32).contiguous()
-        if out is None or out.dtype != torch.float32 or not out.is_contiguous():
-            out = torch.empty_like(q32)
-        args = (q32.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.stride(0),
-                seq_lens.data_ptr(), out.data_ptr(), num_heads, num_kv_heads, num_blocks, block_size, head_dim,
-                scale)
-        code = fn(*args, n, max(1, torch.get_num_threads()))
+        target = out if out is not None and out.dtype == io_dtype and out.is_contiguous() else None
+        result = torch.empty(q.shape, dtype=io_dtype) if target is None else target
+        code = fn(qk.data_ptr(), qk.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
+                  tables.stride(0), seq_lens.data_ptr(), result.data_ptr(), num_heads, num_kv_heads, num_blocks,
+                  block_size, head_dim, scale, n, max(1, torch.get_num_threads()))
         if code < 0:
-            raise MemoryError("CPU decode kernel could not allocate its score buffer")
+            raise MemoryError("CPU decode kernel could not allocate its scratch")
         if code:
             raise self._bad_table(code - 1, tables, seq_lens_host, block_size, num_blocks)
-        return out if q.dtype == torch.float32 else out.to(q.dtype)
-
+        if out is not None and target is None:
+            out.copy_(result)
+            return out
+        return result if result.dtype == q.dtype else result.to(q.dtype)
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> bool:

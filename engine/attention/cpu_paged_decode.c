@@ -20,6 +20,13 @@ static inline float bf16_to_f32(uint16_t x) {
     return v.f;
 }
 
+/* Round to nearest even, as torch does when it narrows float32 to bfloat16. */
+static inline uint16_t f32_to_bf16(float f) {
+    union { float f; uint32_t u; } v = {f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* quiet NaN */
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
 /* exp(x) for x <= 0 (scores minus their maximum) in plain arithmetic the compiler vectorizes
  * (glibc's expf is a scalar call): x = i ln2 + r, |r| <= ln2 / 2, and e^r by its degree-6
  * Taylor polynomial (relative error under 2e-7); results below e^-87 flush to 0. */
@@ -95,6 +102,9 @@ static inline void prefetch_block(const void *p, int64_t bytes) {
 
 /* The kernel is written once and instantiated per KV element type. */
 #define KV float
+#define QT float
+#define Q_LOAD(x) (x)
+#define Q_STORE(x) (x)
 #define WIDEN(src, n, buf) (src)
 #define LOAD16(src) _mm512_loadu_ps(src)
 #define NAME(f) f##_f32
@@ -110,6 +120,13 @@ static inline void prefetch_block(const void *p, int64_t bytes) {
 #define NAME(f) f##_bf16
 #include "cpu_paged_decode_body.h"
 
+/* bfloat16 queries in, bfloat16 outputs out (a bfloat16 model's step, no float32 copies). */
+#undef QT
+#undef Q_LOAD
+#undef Q_STORE
+#define QT uint16_t
+#define Q_LOAD(x) bf16_to_f32(x)
+#define Q_STORE(x) f32_to_bf16(x)
 #undef NAME
 #define NAME(f) f##_bf16q
 #ifdef __AVX512BF16__

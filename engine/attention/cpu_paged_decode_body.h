@@ -1,5 +1,6 @@
 /* The body of cpu_paged_decode.c's kernel, included once per KV element type: the includer defines
- * KV (the element type), WIDEN(src, n, buf) (n elements at src as float32: src itself, or buf once
+ * KV (the element type), QT (the queries' and outputs' type, read by Q_LOAD and written by
+ * Q_STORE), WIDEN(src, n, buf) (n elements at src as float32: src itself, or buf once
  * filled) and NAME(f) (the instance's suffix). */
 /* One (sequence, KV head) item. Inlined with constant group and head_dim below, so the compiler
  * unrolls the dot products and keeps the group's queries and accumulators in registers. Positions
@@ -167,8 +168,10 @@ static inline void NAME(decode_item_d64)(const float *restrict qi, const KV *res
 }
 #endif
 
-int NAME(paged_decode)(const float *q, const KV *k, const KV *v, const int32_t *tables,
-                     int64_t table_stride, const int32_t *seq_lens, float *out, int64_t num_heads,
+/* q: token i's heads start at q + i * q_stride (a view of the fused qkv projection); out: [n,
+ * num_heads, head_dim], contiguous, in q's element type QT (rounded once from float32). */
+int NAME(paged_decode)(const QT *q, int64_t q_stride, const KV *k, const KV *v, const int32_t *tables,
+                     int64_t table_stride, const int32_t *seq_lens, QT *out, int64_t num_heads,
                      int64_t num_kv_heads, int64_t num_blocks, int64_t block_size, int64_t head_dim,
                      float scale, int64_t num_seqs, int64_t num_threads) {
     const int64_t group = num_heads / num_kv_heads;
@@ -190,16 +193,18 @@ int NAME(paged_decode)(const float *q, const KV *k, const KV *v, const int32_t *
         float *maxes = malloc(sizeof(float) * group);
         float *sums = malloc(sizeof(float) * group);
         float *widened = malloc(sizeof(float) * block_size * head_dim);
-        if (!scores || !maxes || !sums || !widened) {
+        float *qi = malloc(sizeof(float) * group * head_dim), *oi = malloc(sizeof(float) * group * head_dim);
+        if (!scores || !maxes || !sums || !widened || !qi || !oi) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < items; ++item) {
-            if (!scores || !maxes || !sums || !widened) continue;
+            if (!scores || !maxes || !sums || !widened || !qi || !oi) continue;
             const int64_t i = item / num_kv_heads, kh = item % num_kv_heads;
-            const float *qi = q + (i * num_heads + kh * group) * head_dim;
-            float *oi = out + (i * num_heads + kh * group) * head_dim;
+            const QT *qsrc = q + i * q_stride + kh * group * head_dim;
+            QT *odst = out + (i * num_heads + kh * group) * head_dim;
+            for (int64_t e = 0; e < group * head_dim; ++e) qi[e] = Q_LOAD(qsrc[e]);
             const int32_t *table = tables + i * table_stride;
             const KV *kb = k + kh * head_stride, *vb = v + kh * head_stride;
             const int64_t len = seq_lens[i];
@@ -223,8 +228,9 @@ int NAME(paged_decode)(const float *q, const KV *k, const KV *v, const int32_t *
             else
                 NAME(decode_item)(qi, kb, vb, table, len, group, block_size, head_dim, scale, oi, scores, maxes,
                                   sums, widened);
+            for (int64_t e = 0; e < group * head_dim; ++e) odst[e] = Q_STORE(oi[e]);
         }
-        free(scores), free(maxes), free(sums), free(widened);
+        free(scores), free(maxes), free(sums), free(widened), free(qi), free(oi);
     }
     return failed ? -1 : 0;
 }

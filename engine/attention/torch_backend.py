@@ -112,10 +112,8 @@ class TorchAttentionBackend(AttentionBackend):
     def _decode(self, q, k_cache, v_cache, meta, scale, out) -> None:
         nd = meta.num_decodes
         if self.kernel is not None and q.device.type == "cpu" and k_cache.dtype in self.kernel.KV_DTYPES:
-            got = self.kernel(q, k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
-                              meta.seq_lens_host[:nd], scale, out=out)
-            if got is not out:
-                out.copy_(got)
+            self.kernel(q, k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
+                        meta.seq_lens_host[:nd], scale, out=out)
             return
         lens = meta.seq_lens_host[:nd]
         for idx in self._buckets(lens):
