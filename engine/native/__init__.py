@@ -103,9 +103,13 @@ def fused_fn(name: str, *tensors: torch.Tensor):
     """The ``fused_ops`` kernel ``name`` for these CPU tensors of one dtype, or None where the
     caller's torch formulation must run."""
     t = tensors[0]
-    if t.device.type != "cpu" or t.dtype not in FUSED_SUFFIX or any(x.dtype != t.dtype for x in tensors):
+    dtype = t.dtype
+    if not t.is_cpu or dtype not in FUSED_SUFFIX:
         return None
-    return _fused_kernel(name, t.dtype)
+    for x in tensors:  # a plain loop: this runs several times per layer and step
+        if x.dtype != dtype:
+            return None
+    return _fused_kernel(name, dtype)
 
 
 @functools.cache
