@@ -79,7 +79,8 @@ class LlamaAttention(nn.Module):
     def forward(self, x, positions, rotary: RotaryEmbedding, meta: AttentionMetadata):
         qkv = self.qkv_proj.forward(x)
         rotary.rotate_(positions, qkv, self.num_heads + self.num_kv_heads, self.head_dim)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qs, ks = self.q_size, self.kv_size  # slices, not Tensor.split (a Python wrapper) on the hot path
+        q, k, v = qkv[:, :qs], qkv[:, qs : qs + ks], qkv[:, qs + ks :]
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
@@ -95,7 +96,8 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(self.intermediate, config.hidden_size, bias=False)
 
     def forward(self, x):
-        gate, up = self.gate_up_proj.forward(x).split(self.intermediate, dim=-1)
+        gate_up = self.gate_up_proj.forward(x)
+        gate, up = gate_up[:, : self.intermediate], gate_up[:, self.intermediate :]
         return self.down_proj.forward(F.silu(gate).mul_(up))
 
 
