@@ -3,13 +3,17 @@
 Wraps the model's modules and the engine's phases with timers (no profiler overhead on
 the ops themselves) and prints each part's share of the run.
 
-    .venv/bin/python bench/profile_step.py --requests 32 --dtype float32
+    .venv/bin/python bench/profile_step.py --requests 64 --dtype bfloat16 --out bench/published/profile.json
+
+It also times every forward pass and groups them by size, since a batch job's time is spread
+over the many thin steps of its long tail as much as over its few large ones.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import sys
 import time
 from pathlib import Path
@@ -17,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import sysinfo  # noqa: E402
 import workload as workload_mod  # noqa: E402
 
 import engine.llm_engine as llm_engine  # noqa: E402
@@ -30,6 +35,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--max-batched-tokens", type=int, default=2048)
+    ap.add_argument("--out", help="also write the parts and the step-size table to this JSON file")
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
@@ -70,15 +76,53 @@ def main() -> None:
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
             norm.forward = timed("  RMSNorm (+ residual add)", norm.forward)
 
+    steps: list[tuple[int, int, float]] = []  # (decode rows, prompt tokens, seconds) per forward pass
+    execute = runner.execute
+
+    def timed_execute(batch):
+        t = time.perf_counter()
+        try:
+            return execute(batch)
+        finally:
+            decodes = sum(1 for it in batch.items if it.num_new_tokens == 1 and it.num_computed_tokens > 0)
+            prompt = sum(it.num_new_tokens for it in batch.items) - decodes
+            steps.append((decodes, prompt, time.perf_counter() - t))
+
+    runner.execute = timed_execute
     params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in wl.max_tokens]
     t = time.perf_counter()
     llm.generate(wl.prompts, params)
     wall = time.perf_counter() - t
     stats = llm.stats()
+    print(sysinfo.describe(sysinfo.cpu_info()))
     print(f"{args.requests} requests, {args.dtype}: {wl.prompt_tokens} prompt + {wl.output_tokens} output tokens, "
           f"{stats['steps']} steps, {wall:.1f} s, {wl.output_tokens / wall:.1f} output tok/s")
-    for name, s in sorted(seconds.items(), key=lambda kv: -kv[1]):
+    parts = sorted(seconds.items(), key=lambda kv: -kv[1])
+    for name, s in parts:
         print(f"  {name:<28}{s:8.2f} s {100 * s / wall:6.1f}%")
+    table = step_table(steps)
+    print("forward passes by size (decode rows; passes with prompt tokens apart):")
+    for row in table:
+        print(f"  {row['kind']:<8}{row['rows']:>10}  {row['passes']:4d} passes {row['seconds']:7.2f} s "
+              f"{row['ms_per_pass']:7.1f} ms each  {row['prompt_tokens']:6d} prompt tokens")
+    if args.out:
+        Path(args.out).write_text(json.dumps({
+            "command": " ".join(sys.argv), "when_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+            "machine": sysinfo.cpu_info(), "requests": args.requests, "dtype": args.dtype, "wall_s": wall,
+            "output_tok_s": wl.output_tokens / wall, "steps": stats["steps"],
+            "parts_s": {name.strip(): s for name, s in parts}, "passes_by_size": table}, indent=1))
+
+
+def step_table(steps: list[tuple[int, int, float]]) -> list[dict]:
+    """Forward passes grouped by decode rows (powers of two), those carrying prompt tokens apart."""
+    groups: dict[tuple[str, int], list[float]] = collections.defaultdict(lambda: [0, 0.0, 0])
+    for decodes, prompt, secs in steps:
+        bucket = 1 << max(0, decodes - 1).bit_length() if decodes else 0
+        g = groups[("prompt" if prompt else "decode", bucket)]
+        g[0], g[1], g[2] = g[0] + 1, g[1] + secs, g[2] + prompt
+    return [{"kind": kind, "rows": f"{bucket // 2 + 1 if bucket > 1 else bucket}-{bucket}", "passes": n,
+             "seconds": s, "ms_per_pass": 1e3 * s / n, "prompt_tokens": p}
+            for (kind, bucket), (n, s, p) in sorted(groups.items())]
 
 
 if __name__ == "__main__":
