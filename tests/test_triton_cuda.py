@@ -21,12 +21,12 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from test_triton_kernels import (  # noqa: E402
-    BLOCK_SIZE,
     TOL,
     from_layout,
     make_meta,
     random_pool,
     run_step,
+    step_inputs,
     to_layout,
 )
 
@@ -52,15 +52,8 @@ def to_cuda(meta):
 def check_cuda_step(seqs, num_decodes, dtype, num_kv_heads, group, head_dim, backend=None, seed=0) -> None:
     """Reference: the torch backend on CPU copies. Tested: the compiled kernels on the GPU.
     The GPU output is poisoned with NaN before the step, so an unwritten row fails."""
-    gen = torch.Generator().manual_seed(seed)
-    num_blocks = sum(-(-(c + q) // BLOCK_SIZE) for c, q in seqs) + 7
-    meta = make_meta(seqs, num_decodes, num_blocks, gen)
-    k_pool = random_pool(num_blocks, num_kv_heads, head_dim, dtype, gen)
-    v_pool = random_pool(num_blocks, num_kv_heads, head_dim, dtype, gen)
-    T = meta.num_tokens
-    q = torch.randn(T, num_kv_heads * group, head_dim, generator=gen).to(dtype)
-    k = torch.randn(T, num_kv_heads, head_dim, generator=gen).to(dtype)
-    v = torch.randn(T, num_kv_heads, head_dim, generator=gen).to(dtype)
+    meta, k_pool, v_pool, q, k, v = step_inputs(seqs, num_decodes, dtype, num_kv_heads, group, head_dim, seed, 7)
+    num_blocks = k_pool.shape[0]  # the pool size the reference metadata was drawn with
     scale = head_dim**-0.5
 
     ref = TorchAttentionBackend()

@@ -124,13 +124,12 @@ def run_step(backend: AttentionBackend, q, k, v, k_cache, v_cache, meta, scale):
     return backend.attend(q, k, v, k_cache, v_cache, meta, scale)
 
 
-def check_step(
-    seqs: list[tuple[int, int]], num_decodes: int, dtype: torch.dtype, num_kv_heads: int, group: int,
-    head_dim: int, triton_backend: TritonAttentionBackend | None = None, seed: int = 0,
-) -> None:
-    """Write + attend one step with both backends from the same pool; outputs and pools agree."""
+def step_inputs(seqs: list[tuple[int, int]], num_decodes: int, dtype: torch.dtype, num_kv_heads: int, group: int,
+                head_dim: int, seed: int, spare_blocks: int):
+    """One step's metadata, random K/V pools and this step's q/k/v, all drawn from ``seed``:
+    ``(meta, k_pool, v_pool, q, k, v)``."""
     gen = torch.Generator().manual_seed(seed)
-    num_blocks = sum(-(-(c + q) // BLOCK_SIZE) for c, q in seqs) + 3
+    num_blocks = sum(-(-(c + q) // BLOCK_SIZE) for c, q in seqs) + spare_blocks
     meta = make_meta(seqs, num_decodes, num_blocks, gen)
     k_pool = random_pool(num_blocks, num_kv_heads, head_dim, dtype, gen)
     v_pool = random_pool(num_blocks, num_kv_heads, head_dim, dtype, gen)
@@ -138,6 +137,15 @@ def check_step(
     q = torch.randn(T, num_kv_heads * group, head_dim, generator=gen).to(dtype)
     k = torch.randn(T, num_kv_heads, head_dim, generator=gen).to(dtype)
     v = torch.randn(T, num_kv_heads, head_dim, generator=gen).to(dtype)
+    return meta, k_pool, v_pool, q, k, v
+
+
+def check_step(
+    seqs: list[tuple[int, int]], num_decodes: int, dtype: torch.dtype, num_kv_heads: int, group: int,
+    head_dim: int, triton_backend: TritonAttentionBackend | None = None, seed: int = 0,
+) -> None:
+    """Write + attend one step with both backends from the same pool; outputs and pools agree."""
+    meta, k_pool, v_pool, q, k, v = step_inputs(seqs, num_decodes, dtype, num_kv_heads, group, head_dim, seed, 3)
     scale = head_dim**-0.5
 
     results = []
