@@ -12,6 +12,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
+
 @functools.cache
 def has_amx() -> bool:
     """Whether the CPU has AMX tiles for bfloat16: then oneDNN's bfloat16 products win at every

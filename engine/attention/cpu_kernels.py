@@ -22,7 +22,9 @@ import torch
 from engine import native
 
 SOURCE = Path(__file__).with_name("cpu_paged_decode.c")
-BODY = SOURCE.with_name("cpu_paged_decode_body.h")  # included twice by SOURCE (float32, bfloat16 KV)
+BODY = SOURCE.with_name("cpu_paged_decode_body.h")  # included by SOURCE once per instance
+# Both are part of the build cache key, with the bfloat16 conversions SOURCE includes.
+INCLUDES = (BODY, native.BF16_HEADER)
 # Contraction into FMAs is left on here (the kernel's sums need not match torch's rounding).
 FLAGS = [f for f in native.FLAGS if f != "-ffp-contract=off"]
 
@@ -30,7 +32,7 @@ FLAGS = [f for f in native.FLAGS if f != "-ffp-contract=off"]
 @functools.cache
 def load() -> ctypes.CDLL | None:
     """The built kernel library, or None (with one warning) where it cannot be had."""
-    lib = native.load("paged_decode", SOURCE, (BODY,), FLAGS)
+    lib = native.load("paged_decode", SOURCE, INCLUDES, FLAGS)
     if lib is None:
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
@@ -93,6 +95,7 @@ class PagedDecodeKernel:
             out.copy_(result)
             return out
         return result if result.dtype == q.dtype else result.to(q.dtype)
+
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> bool:

@@ -2,7 +2,8 @@
  * keys and values, read in place from the block pool through the block table.
  *
  * Layout (the torch backend's): k, v are [num_kv_heads, num_blocks, block_size, head_dim],
- * contiguous; q and out are [n, num_heads, head_dim], contiguous; tables is [n, stride] int32.
+ * contiguous; q is [n, num_heads, head_dim] with any row stride, out the same shape, contiguous;
+ * tables is [n, stride] int32.
  *
  * A work item is one (sequence, KV head) pair: its keys and values are read once for all
  * the query heads of its group (grouped-query attention). Items are shared out by an OpenMP
@@ -14,18 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* bfloat16 is the top half of a float32: widening is a shift. */
-static inline float bf16_to_f32(uint16_t x) {
-    union { uint32_t u; float f; } v = {(uint32_t)x << 16};
-    return v.f;
-}
+#include "../native/bf16.h"
 
-/* Round to nearest even, as torch does when it narrows float32 to bfloat16. */
-static inline uint16_t f32_to_bf16(float f) {
-    union { float f; uint32_t u; } v = {f};
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* quiet NaN */
-    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
-}
 
 /* exp(x) for x <= 0 (scores minus their maximum) in plain arithmetic the compiler vectorizes
  * (glibc's expf is a scalar call): x = i ln2 + r, |r| <= ln2 / 2, and e^r by its degree-6
@@ -100,7 +91,8 @@ static inline void prefetch_block(const void *p, int64_t bytes) {
     for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)p + b, 0, 3);
 }
 
-/* The kernel is written once and instantiated per KV element type. */
+/* The kernel is written once and instantiated three times: float32 cache; bfloat16 cache with
+ * float32 queries; bfloat16 cache with bfloat16 queries and outputs. */
 #define KV float
 #define QT float
 #define Q_LOAD(x) (x)
@@ -132,7 +124,7 @@ static inline void prefetch_block(const void *p, int64_t bytes) {
 #ifdef __AVX512BF16__
 /* Scores of bfloat16 keys by the CPU's bfloat16 dot product (pairs multiplied exactly and summed
  * in float32), the keys read as stored instead of widened first. Only for queries that are
- * bfloat16 values (paged_decode_bf16_q), i.e. a bfloat16 model's. */
+ * bfloat16 values (paged_decode_bf16q), i.e. a bfloat16 model's. */
 static inline __m512 qk_dpbf16(const __m512bh q[2], const uint16_t *k) {
     const __m512bh k0 = (__m512bh)_mm512_loadu_si512(k), k1 = (__m512bh)_mm512_loadu_si512(k + 32);
     return _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), q[0], k0), q[1], k1);

@@ -1,7 +1,8 @@
-/* The body of cpu_paged_decode.c's kernel, included once per KV element type: the includer defines
- * KV (the element type), QT (the queries' and outputs' type, read by Q_LOAD and written by
- * Q_STORE), WIDEN(src, n, buf) (n elements at src as float32: src itself, or buf once
- * filled) and NAME(f) (the instance's suffix). */
+/* The body of cpu_paged_decode.c's kernel, included once per instance: the includer defines
+ * KV (the cache's element type), QT (the queries' and outputs' type, read by Q_LOAD and written
+ * by Q_STORE), WIDEN(src, n, buf) (n elements at src as float32: src itself, or buf once
+ * filled), LOAD16(src) (16 cache elements as a float32 vector, for the AVX-512 path), NAME(f)
+ * (the instance's suffix) and, optionally, QK_DPBF16(q, k) (scores by bf16 dot products). */
 /* One (sequence, KV head) item. Inlined with constant group and head_dim below, so the compiler
  * unrolls the dot products and keeps the group's queries and accumulators in registers. Positions
  * are walked block by block (no division per position); scores are exponentiated by a loop the
@@ -88,15 +89,16 @@ static inline void NAME(decode_item_d64)(const float *restrict qi, const KV *res
         qb[j][0] = _mm512_cvtne2ps_pbh(q[j][1], q[j][0]), qb[j][1] = _mm512_cvtne2ps_pbh(q[j][3], q[j][2]);
 #endif
     const __m512 vscale = _mm512_set1_ps(scale);
+    const int64_t block_bytes = block_size * 64 * (int64_t)sizeof(KV);
     for (int64_t b = 0; b < 2 && b * block_size < len; ++b)
-        prefetch_block(kbase + (int64_t)table[b] * block_size * 64, block_size * 64 * (int64_t)sizeof(KV));
+        prefetch_block(kbase + (int64_t)table[b] * block_size * 64, block_bytes);
     for (int64_t start = 0; start < len; start += block_size) {
         const int64_t count = len - start < block_size ? len - start : block_size;
         if (start + 2 * block_size < len)
-            prefetch_block(kbase + (int64_t)table[start / block_size + 2] * block_size * 64, block_size * 64 * (int64_t)sizeof(KV));
+            prefetch_block(kbase + (int64_t)table[start / block_size + 2] * block_size * 64, block_bytes);
         else if (start + block_size >= len) /* the last key block: ask for the first value blocks */
             for (int64_t b = 0; b < 2 && b * block_size < len; ++b)
-                prefetch_block(vbase + (int64_t)table[b] * block_size * 64, block_size * 64 * (int64_t)sizeof(KV));
+                prefetch_block(vbase + (int64_t)table[b] * block_size * 64, block_bytes);
 #ifdef QK_DPBF16
         const KV *kb = kbase + (int64_t)table[start / block_size] * block_size * 64;
 #else
@@ -147,7 +149,7 @@ static inline void NAME(decode_item_d64)(const float *restrict qi, const KV *res
     for (int64_t start = 0; start < len; start += block_size) {
         const int64_t count = len - start < block_size ? len - start : block_size;
         if (start + 2 * block_size < len)
-            prefetch_block(vbase + (int64_t)table[start / block_size + 2] * block_size * 64, block_size * 64 * (int64_t)sizeof(KV));
+            prefetch_block(vbase + (int64_t)table[start / block_size + 2] * block_size * 64, block_bytes);
         const KV *vb = vbase + (int64_t)table[start / block_size] * block_size * 64;
         for (int64_t p = 0; p < count; ++p) {
             const KV *vt = vb + p * 64; /* each value row is read once: widened as it is loaded */

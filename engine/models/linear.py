@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.host import has_amx  # noqa: F401  (tests and callers read it here too)
+from engine.host import has_amx
 
 WEIGHT_MAJOR_MAX_ROWS = 256  # unpacked float32: up to this many rows, W @ x.T is the faster product
 PACK_ROWS_HINT = 64  # the row count oneDNN tunes the packed layout for (any count still works)

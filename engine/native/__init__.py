@@ -79,13 +79,14 @@ def load(name: str, source: Path, includes: tuple[Path, ...] = (), flags: list[s
 
 FUSED_SOURCE = Path(__file__).with_name("fused_ops.c")
 FUSED_BODY = FUSED_SOURCE.with_name("fused_ops_body.h")
+BF16_HEADER = FUSED_SOURCE.with_name("bf16.h")  # the bfloat16 conversions every C kernel includes
 FUSED_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
 @functools.cache
 def fused_ops() -> ctypes.CDLL | None:
     """``fused_ops.c``: residual add + RMSNorm, rotary in place, KV write (float32 and bfloat16)."""
-    lib = load("fused_ops", FUSED_SOURCE, (FUSED_BODY,))
+    lib = load("fused_ops", FUSED_SOURCE, (FUSED_BODY, BF16_HEADER))
     if lib is None:
         return None
     p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float

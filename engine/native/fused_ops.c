@@ -14,20 +14,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
+
 /* Below this many elements a step runs on the calling thread only. */
 #define PARALLEL_MIN 32768
 
-static inline float bf16_load(uint16_t x) {
-    union { uint32_t u; float f; } v = {(uint32_t)x << 16};
-    return v.f;
-}
-
-/* Round to nearest even, as torch does when it narrows float32 to bfloat16. */
-static inline uint16_t bf16_store(float f) {
-    union { float f; uint32_t u; } v = {f};
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* quiet NaN */
-    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
-}
 
 #define T float
 #define LOAD(x) (x)
@@ -42,8 +33,8 @@ static inline uint16_t bf16_store(float f) {
 #undef NAME
 
 #define T uint16_t
-#define LOAD(x) bf16_load(x)
-#define STORE(x) bf16_store(x)
-#define ROUND(x) bf16_load(bf16_store(x))
+#define LOAD(x) bf16_to_f32(x)
+#define STORE(x) f32_to_bf16(x)
+#define ROUND(x) bf16_to_f32(f32_to_bf16(x))
 #define NAME(f) f##_bf16
 #include "fused_ops_body.h"
