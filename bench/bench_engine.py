@@ -124,11 +124,14 @@ def measure_dtype(args, dtype: str, wls: dict, model_dir: Path, rows: list, hold
     phase = {"dtype": dtype, "vllm": peer.info if peer else None}
     try:
         with hold(args.hold, hold_log):
-            phase["matmul_gflops_float32"] = sysinfo.matmul_gflops(torch.float32)
-            phase["matmul_gflops"] = sysinfo.matmul_gflops(getattr(torch, dtype))
-            # The ceiling: the faster of the two, since a bfloat16 model may multiply through a
-            # float32 copy of its weights (engine/models/linear.py: without AMX, above 8 rows).
-            phase["ceiling_gflops"] = max(phase["matmul_gflops"], phase["matmul_gflops_float32"])
+            for key, dt in {"float32": torch.float32, dtype: getattr(torch, dtype)}.items():
+                phase[f"matmul_gflops_{key}"] = sysinfo.matmul_gflops(dt)
+                phase[f"matmul_gflops_packed_{key}"] = sysinfo.matmul_gflops(dt, packed=True)
+            phase["matmul_gflops"] = phase[f"matmul_gflops_{dtype}"]
+            # The ceiling: the fastest of the four, since a bfloat16 model may multiply through a
+            # float32 copy of its weights (engine/models/linear.py, where bfloat16 products lose)
+            # and MKL's plain product is the slower one on AMD.
+            phase["ceiling_gflops"] = max(v for k, v in phase.items() if k.startswith("matmul_gflops_"))
             phase["bandwidth_gbs"] = sysinfo.bandwidth_gbs()
             for name, wl in wls.items():
                 pairs = args.pairs if name in args.pairs_on else 1

@@ -23,6 +23,21 @@ def has_amx() -> bool:
         return False
 
 
+@functools.cache
+def cpu_vendor() -> str:
+    """``GenuineIntel``, ``AuthenticAMD``, ... (empty where /proc/cpuinfo has none). MKL picks
+    its kernels by vendor: on AMD its float32 products ran at half oneDNN's rate (probe JSON in
+    bench/published/probe-products-*)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "vendor_id":
+                return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 

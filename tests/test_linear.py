@@ -1,5 +1,6 @@
 """The prepacked Linear (engine/models/linear.py) computes what F.linear computes, in each of
-its paths: float32 packed, bfloat16 packed at few rows, bfloat16 through its float32 copy at many."""
+its paths: float32 packed or through MKL, bfloat16 packed, bfloat16 through its float32 copy at
+many rows where bfloat16 products lose; and the per-CPU rules that pick them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models import linear
-from engine.models.linear import BF16_MAX_ROWS, FLOAT32_MKL_MAX_ROWS, Linear
+from engine.models.linear import BF16_MAX_ROWS, INTEL_FLOAT32_MKL_MAX_ROWS, Linear
 
 pytestmark = pytest.mark.skipif(not linear.can_pack(), reason="this torch build has no oneDNN linear packing")
 
@@ -28,13 +29,24 @@ def test_float32_packed_matches_f_linear(rows, bias) -> None:
     torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("rows", range(1, FLOAT32_MKL_MAX_ROWS + 1))
-def test_float32_few_rows_are_exactly_f_linear(rows) -> None:
-    """One or two rows go through MKL unpacked (faster there than the packed product): the very
-    same result as F.linear, bit for bit."""
+@pytest.mark.parametrize("rows", range(1, INTEL_FLOAT32_MKL_MAX_ROWS + 1))
+def test_float32_few_rows_are_exactly_f_linear(rows, monkeypatch) -> None:
+    """On Intel one or two rows go through MKL unpacked (faster there than the packed product):
+    the very same result as F.linear, bit for bit. Forced on here, whatever this CPU is."""
+    monkeypatch.setattr(linear, "float32_mkl_max_rows", lambda: INTEL_FLOAT32_MKL_MAX_ROWS)
     layer = make(torch.float32, True)
     x = torch.randn(rows, 96)
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+@pytest.mark.parametrize(("vendor", "rows"), [("GenuineIntel", 2), ("AuthenticAMD", 0), ("", 0)])
+def test_mkl_few_row_rule_only_on_intel(vendor, rows, monkeypatch) -> None:
+    monkeypatch.setattr(linear, "cpu_vendor", lambda: vendor)
+    linear.float32_mkl_max_rows.cache_clear()
+    try:
+        assert linear.float32_mkl_max_rows() == rows
+    finally:
+        linear.float32_mkl_max_rows.cache_clear()
 
 
 @pytest.mark.parametrize("rows", [1, BF16_MAX_ROWS, BF16_MAX_ROWS + 1, 200])
@@ -49,11 +61,27 @@ def test_bfloat16_matches_float32_products_rounded(rows, bias) -> None:
     torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=2 ** -7)
 
 
-def test_bfloat16_keeps_a_float32_copy_only_without_amx() -> None:
+def test_bfloat16_keeps_a_float32_copy_only_where_bf16_products_lose() -> None:
     layer = make(torch.bfloat16, False)
     if linear.compute_dtype(torch.bfloat16) != torch.bfloat16:
         assert layer.packed.dtype == torch.float32 and layer.packed_f32 is None
-    elif linear.has_amx():
-        assert layer.packed_f32 is None
+    elif linear.bf16_beats_float32():
+        assert layer.packed.dtype == torch.bfloat16 and layer.packed_f32 is None
     else:
         assert layer.packed.dtype == torch.bfloat16 and layer.packed_f32.dtype == torch.float32
+
+
+@pytest.mark.parametrize(("forced", "copy"), [("bfloat16", False), ("float32", True)])
+def test_bf16_products_env_overrides_the_measurement(forced, copy, monkeypatch) -> None:
+    if linear.compute_dtype(torch.bfloat16) != torch.bfloat16:
+        pytest.skip("no native bfloat16 products on this CPU")
+    monkeypatch.setenv(linear.BF16_PRODUCTS_ENV, forced)
+    linear.bf16_beats_float32.cache_clear()
+    try:
+        layer = make(torch.bfloat16, False)
+        assert (layer.packed_f32 is not None) == copy
+        x = torch.randn(BF16_MAX_ROWS + 1, 96).to(torch.bfloat16)
+        want = F.linear(x.float(), layer.weight.float())
+        torch.testing.assert_close(layer(x).float(), want, atol=1e-2, rtol=2 ** -7)
+    finally:
+        linear.bf16_beats_float32.cache_clear()

@@ -8,12 +8,14 @@ own oneDNN helper. 16-bit weights are packed in bfloat16 where the CPU has nativ
 products (avx512_bf16 or AMX: oneDNN uses them at every row count), otherwise as a float32
 copy: without them torch's bf16 matmul was measured at about 1 GFLOP/s on an AVX2-only EPYC.
 
-A bfloat16 weight on a CPU with avx512_bf16 but no AMX is also packed as a float32 copy, used
-above ``BF16_MAX_ROWS`` rows: there oneDNN's bfloat16 products ran at about 160 GFLOP/s against
-300 for float32 (Xeon, 2 cores, 64-2048 rows), while at a few rows, where a product only
-streams its weight, the bfloat16 copy is faster for having half the bytes (LM head, 4 rows:
-1.5 ms vs 3.5 ms). Either way the products accumulate in float32 and the output is rounded
-to bfloat16: only the summation order differs.
+Without AMX, whether bfloat16 products beat float32 at many rows depends on the CPU, so it is
+measured once per process (``bf16_beats_float32``): on an Intel Xeon with avx512_bf16 but no
+AMX oneDNN's bfloat16 products ran at about 160 GFLOP/s against 300 for float32 (2 cores,
+64-2048 rows), while on an AMD EPYC (Zen 5) they ran at 2.2x float32 at every row count. Where
+bfloat16 loses, the weight also gets a packed float32 copy used above ``BF16_MAX_ROWS`` rows; at
+a few rows, where a product only streams its weight, the bfloat16 copy is faster for having half
+the bytes. Either way products accumulate in float32 and the output is rounded to bfloat16:
+only the summation order differs.
 
 Unpacked (no oneDNN, another device, or ``pack()`` not called) it falls back to choosing the
 faster orientation of the MKL product: ``W @ x.T`` up to 256 rows, ``F.linear`` beyond.
@@ -22,20 +24,31 @@ faster orientation of the MKL product: ``W @ x.T`` up to 256 rows, ``F.linear`` 
 from __future__ import annotations
 
 import functools
+import os
+import statistics
+import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.host import has_amx
+from engine.host import cpu_vendor, has_amx
 
 WEIGHT_MAJOR_MAX_ROWS = 256  # unpacked float32: up to this many rows, W @ x.T is the faster product
 PACK_ROWS_HINT = 64  # the row count oneDNN tunes the packed layout for (any count still works)
-BF16_MAX_ROWS = 8  # above this many rows a bfloat16 weight multiplies as its float32 copy (without AMX)
-# Up to this many rows a float32 weight multiplies unpacked through MKL's F.linear: the model's
-# 121 products at 1 row took 21.7 ms that way against 28.8 ms packed, 25.0 vs 30.3 at 2 rows,
-# and packed won from 4 rows (Xeon with AMX, 2 threads; bench notes in the README).
-FLOAT32_MKL_MAX_ROWS = 2
+BF16_MAX_ROWS = 8  # above this many rows a bfloat16 weight multiplies as its float32 copy, where bf16 loses
+# On Intel, up to this many rows a float32 weight multiplies unpacked through MKL's F.linear:
+# the model's 121 products at 1 row took 21.7 ms that way against 28.8 ms packed, 25.0 vs 30.3
+# at 2 rows, and packed won from 4 rows (Xeon with AMX, 2 threads). On AMD, MKL took 34.8 ms
+# against 16.8 packed at 1 row (bench/probe_products.py), so there every product is packed.
+INTEL_FLOAT32_MKL_MAX_ROWS = 2
+BF16_PRODUCTS_ENV = "TOKENMILL_BF16_PRODUCTS"  # "bfloat16" or "float32" overrides the measurement
+
+
+@functools.cache
+def float32_mkl_max_rows() -> int:
+    """Up to how many rows a float32 product skips the packed weight for MKL's own (Intel only)."""
+    return INTEL_FLOAT32_MKL_MAX_ROWS if cpu_vendor() == "GenuineIntel" else 0
 
 
 @functools.cache
@@ -50,6 +63,36 @@ def fast_16bit_gemm() -> bool:
 @functools.cache
 def can_pack() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+@functools.cache
+def bf16_beats_float32() -> bool:
+    """Whether oneDNN's packed bfloat16 products beat its float32 ones at many rows here.
+
+    True with AMX. Otherwise measured once: a 256-row product of the MLP's shape, packed, in
+    both dtypes, alternating, median of 5 each (about 10 ms). The two CPUs measured so far
+    differ by 2x in opposite directions, so noise does not decide it. ``TOKENMILL_BF16_PRODUCTS``
+    set to ``bfloat16`` or ``float32`` skips the measurement.
+    """
+    forced = os.environ.get(BF16_PRODUCTS_ENV, "")
+    if forced in ("bfloat16", "float32"):
+        return forced == "bfloat16"
+    if has_amx():
+        return True
+    if not (can_pack() and fast_16bit_gemm()):
+        return False
+    times: dict[torch.dtype, list[float]] = {torch.float32: [], torch.bfloat16: []}
+    inputs = {}
+    for dtype in times:
+        w = torch.ops.mkldnn._reorder_linear_weight(torch.randn(1536, 576, dtype=dtype), batch_size=PACK_ROWS_HINT)
+        inputs[dtype] = (torch.randn(256, 576, dtype=dtype), w)
+        torch.ops.mkldnn._linear_pointwise(*inputs[dtype], None, "none", [], "")
+    for _ in range(5):
+        for dtype, (x, w) in inputs.items():
+            t = time.perf_counter()
+            torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+            times[dtype].append(time.perf_counter() - t)
+    return statistics.median(times[torch.bfloat16]) < statistics.median(times[torch.float32])
 
 
 def compute_dtype(weight_dtype: torch.dtype) -> torch.dtype:
@@ -74,7 +117,7 @@ class Linear(nn.Linear):
             return False
         dtype = compute_dtype(self.weight.dtype)
         self.packed, self.packed_bias = self._packed_as(dtype)
-        if dtype == torch.bfloat16 and not has_amx():
+        if dtype == torch.bfloat16 and not bf16_beats_float32():
             self.packed_f32, self.packed_bias_f32 = self._packed_as(torch.float32)
         return True
 
@@ -86,7 +129,7 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.device.type != "cpu":
             return F.linear(x, self.weight, self.bias)
-        if x.shape[0] <= FLOAT32_MKL_MAX_ROWS and self.weight.dtype == x.dtype == torch.float32:
+        if x.shape[0] <= float32_mkl_max_rows() and self.weight.dtype == x.dtype == torch.float32:
             return F.linear(x, self.weight, self.bias)
         if self.packed_f32 is not None and x.shape[0] > BF16_MAX_ROWS:
             out = torch.ops.mkldnn._linear_pointwise(x.float(), self.packed_f32, self.packed_bias_f32, "none", [], "")
