@@ -14,13 +14,27 @@ log = logging.getLogger(__name__)
 
 
 @functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The first CPU's flags in /proc/cpuinfo (empty where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "flags":
+                return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
 def has_amx() -> bool:
     """Whether the CPU has AMX tiles for bfloat16: then oneDNN's bfloat16 products win at every
     size, and torch's bfloat16 attention (SDPA) beats its float32 one."""
-    try:
-        return "amx_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    return "amx_bf16" in cpu_flags()
+
+
+def has_avx512() -> bool:
+    """Whether the C kernels (built with -march=native) get their AVX-512 instances."""
+    return "avx512f" in cpu_flags()
 
 
 @functools.cache

@@ -1,4 +1,5 @@
-"""The C decode-attention kernel of the CPU path against the torch reference."""
+"""The C decode-attention kernel of the CPU path against the torch reference, alone and as the
+backend runs it for whole mixed steps (decodes and prompt chunks)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import pytest
 import torch
 
 from engine.attention.cpu_kernels import PagedDecodeKernel, load
+from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import TorchAttentionBackend, paged_decode_attention
+from engine.host import has_amx, has_avx512
 
 BLOCK_SIZE = 16
 LENGTHS = [1, 15, 16, 17, 100, 0]
@@ -68,3 +71,75 @@ def test_backend_uses_the_kernel_and_can_be_told_not_to() -> None:
     assert TorchAttentionBackend(decode_kernel="torch").kernel is None
     with pytest.raises(ValueError, match="decode_kernel must be auto, c or torch, got 'gpu'"):
         TorchAttentionBackend(decode_kernel="gpu")
+
+
+def _mixed_step(dtype: torch.dtype, gen: torch.Generator):
+    """Two decodes, a prompt chunk with no cached context and one after a cached prefix (a
+    prefix hit or a later chunk), their keys already in a shuffled pool, as the layer leaves
+    them before ``attend``."""
+    heads, kv_heads, head_dim = 9, 3, 64
+    contexts, query_lens = [40, 17, 0, 33], [1, 1, 37, 20]
+    seq_lens = [c + q for c, q in zip(contexts, query_lens, strict=True)]
+    width = -(-max(seq_lens) // BLOCK_SIZE)
+    num_blocks = len(seq_lens) * width + 3
+    shape = (kv_heads, num_blocks, BLOCK_SIZE, head_dim)
+    k_cache, v_cache = torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype)
+    tables = torch.randperm(num_blocks, generator=gen)[: len(seq_lens) * width].view(-1, width).to(torch.int32)
+    starts = [0]
+    for q_len in query_lens:
+        starts.append(starts[-1] + q_len)
+    slots = [int(tables[i, p // BLOCK_SIZE]) * BLOCK_SIZE + p % BLOCK_SIZE
+             for i, (c, s) in enumerate(zip(contexts, seq_lens, strict=True)) for p in range(c, s)]
+    meta = AttentionMetadata(
+        query_start_loc=torch.tensor(starts, dtype=torch.int32), seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        context_lens=torch.tensor(contexts, dtype=torch.int32), slot_mapping=torch.tensor(slots),
+        block_tables=tables, block_size=BLOCK_SIZE, num_decodes=2, max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens), query_lens_host=query_lens, seq_lens_host=seq_lens, context_lens_host=contexts)
+    qkv = torch.randn(starts[-1], (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype)
+    q = qkv[:, : heads * head_dim].view(-1, heads, head_dim)
+    k = qkv[:, heads * head_dim: (heads + kv_heads) * head_dim].view(-1, kv_heads, head_dim)
+    v = qkv[:, (heads + kv_heads) * head_dim:].view(-1, kv_heads, head_dim)
+    return q, k, v, k_cache, v_cache, meta
+
+
+def _causal_reference(q, k_cache, v_cache, meta, scale) -> torch.Tensor:
+    """float64 attention of each token over its sequence's keys up to its own position."""
+    kv_heads, _, _, head_dim = k_cache.shape
+    group = q.shape[1] // kv_heads
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for i, (ctx, seq_len) in enumerate(zip(meta.context_lens_host, meta.seq_lens_host, strict=True)):
+        blocks = meta.block_tables[i, : -(-seq_len // BLOCK_SIZE)].long()
+        keys = k_cache[:, blocks].reshape(kv_heads, -1, head_dim)[:, :seq_len].double()
+        values = v_cache[:, blocks].reshape(kv_heads, -1, head_dim)[:, :seq_len].double()
+        for j, t in enumerate(range(int(meta.query_start_loc[i]), int(meta.query_start_loc[i + 1]))):
+            seen = ctx + j + 1
+            for h in range(q.shape[1]):
+                probs = torch.softmax(keys[h // group, :seen] @ q[t, h].double() * scale, dim=0)
+                out[t, h] = probs @ values[h // group, :seen]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("prefill_kernel", [True, False])
+def test_mixed_step_attention_matches_reference(dtype, prefill_kernel, monkeypatch) -> None:
+    """Decodes and prompt chunks (with and without a cached prefix) in one step, through the
+    kernel for every token or through SDPA per chunk: the same causal attention."""
+    q, k, v, k_cache, v_cache, meta = _mixed_step(dtype, torch.Generator().manual_seed(7))
+    backend = TorchAttentionBackend(prefill_kernel=prefill_kernel)
+    backend.write_kv(k, v, k_cache, v_cache, meta)
+    in_kernel = backend._prefill_in_kernel(q, k_cache)
+    assert in_kernel == (prefill_kernel and has_avx512() and not (dtype == torch.bfloat16 and has_amx()))
+    if in_kernel:  # no chunk may take the SDPA path then
+        monkeypatch.setattr(backend, "_prefill_one", lambda *a: pytest.fail("SDPA path taken"))
+    got = backend.attend(q, k, v, k_cache, v_cache, meta, 0.125)
+    want = _causal_reference(q, k_cache, v_cache, meta, 0.125)
+    tol = 2e-5 if dtype == torch.float32 else 1.6e-2
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+
+
+def test_per_token_view_gives_each_token_its_row_and_causal_length() -> None:
+    *_, meta = _mixed_step(torch.float32, torch.Generator().manual_seed(1))
+    tables, lens = meta.per_token
+    assert lens.tolist() == [41, 18, *range(1, 38), *range(34, 54)]
+    rows = [0, 1] + [2] * 37 + [3] * 20
+    assert torch.equal(tables, meta.block_tables[rows])

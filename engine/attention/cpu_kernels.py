@@ -61,10 +61,12 @@ class PagedDecodeKernel:
 
     def __call__(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
-        seq_lens: torch.Tensor, seq_lens_host: list[int], scale: float, out: torch.Tensor | None = None,
+        seq_lens: torch.Tensor, seq_lens_host: list[int] | None, scale: float, out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``q``: ``[n, num_heads, head_dim]``, any row stride (a view of the fused projection is
-        read in place); ``out``: where to write (``q``'s dtype, contiguous), else a new tensor."""
+        read in place); ``out``: where to write (``q``'s dtype, contiguous), else a new tensor.
+        ``seq_lens_host``: the lengths as a list where the caller has one (only read to name a
+        bad block table)."""
         n, num_heads, head_dim = q.shape
         num_kv_heads, num_blocks, block_size, _ = k_cache.shape
         assert k_cache.dtype == v_cache.dtype and k_cache.dtype in self.KV_DTYPES
@@ -90,7 +92,8 @@ class PagedDecodeKernel:
         if code < 0:
             raise MemoryError("CPU decode kernel could not allocate its scratch")
         if code:
-            raise self._bad_table(code - 1, tables, seq_lens_host, block_size, num_blocks)
+            lens = seq_lens.tolist() if seq_lens_host is None else seq_lens_host
+            raise self._bad_table(code - 1, tables, lens, block_size, num_blocks)
         if out is not None and target is None:
             out.copy_(result)
             return out
