@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine import native
+from engine.host import cpu_flags
 from engine.models import linear
 from engine.models.linear import BF16_MAX_ROWS, INTEL_FLOAT32_MKL_MAX_ROWS, Linear
 
@@ -85,3 +87,53 @@ def test_bf16_products_env_overrides_the_measurement(forced, copy, monkeypatch) 
         torch.testing.assert_close(layer(x).float(), want, atol=1e-2, rtol=2 ** -7)
     finally:
         linear.bf16_beats_float32.cache_clear()
+
+
+def _kernel_fn(dtype: torch.dtype):
+    """few_rows.c's function for ``dtype`` wherever the CPU can run it (the rule that picks it
+    is AMD-only, but the kernel itself runs on any AVX-512 CPU)."""
+    need = {"avx512f"} | ({"avx512_bf16"} if dtype == torch.bfloat16 else set())
+    lib = native.few_rows() if need <= cpu_flags() else None
+    if lib is None:
+        pytest.skip("few_rows.c needs AVX-512 (and avx512_bf16 for bfloat16) and a C compiler")
+    return getattr(lib, {torch.float32: "few_rows_f32", torch.bfloat16: "few_rows_bf16"}[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", range(1, 9))
+def test_few_rows_kernel_matches_f_linear(dtype, rows) -> None:
+    """Every row count the kernel takes, on a strided x (rows of a wider tensor), with an input
+    size that leaves a remainder after the unrolled loop (224 = 3 x 64 + 32)."""
+    fn = _kernel_fn(dtype)
+    torch.manual_seed(rows)
+    w = torch.randn(48, 224).to(dtype)
+    x = torch.randn(rows, 300).to(dtype)[:, :224]
+    got = linear.few_rows(x, w, fn)
+    want = F.linear(x.double(), w.double())
+    assert got.dtype == dtype and got.shape == (rows, 48)
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -7  # float32 sums; bfloat16: rounded once
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+
+
+def test_few_rows_kernel_refuses_what_it_cannot_do() -> None:
+    fn = _kernel_fn(torch.float32)
+    with pytest.raises(ValueError, match=r"few_rows: unsupported product of 9 rows by \(48, 224\)"):
+        linear.few_rows(torch.randn(9, 224), torch.randn(48, 224), fn)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_takes_few_rows_kernel_up_to_its_row_limit(dtype, monkeypatch) -> None:
+    """Where the rule picks the kernel (AMD with AVX-512), a Linear sends products of up to
+    AMD_FEW_ROWS_MAX rows to it and larger ones to oneDNN; forced on here, whatever this CPU is."""
+    fn = _kernel_fn(dtype)
+    monkeypatch.setattr(linear, "few_rows_kernel", lambda d: fn)
+    calls = []
+    monkeypatch.setattr(linear, "few_rows", lambda x, w, f: calls.append(x.shape[0]) or F.linear(x, w))
+    layer = make(dtype, False)
+    limit = linear.AMD_FEW_ROWS_MAX[dtype]
+    for rows in (1, limit, limit + 1):
+        layer(torch.randn(rows, 96).to(dtype))
+    assert calls == [1, limit]
+    biased = make(dtype, True)  # the kernel adds no bias: such layers never take it
+    biased(torch.randn(1, 96).to(dtype))
+    assert calls == [1, limit]

@@ -24,7 +24,7 @@ from engine import native
 SOURCE = Path(__file__).with_name("cpu_paged_decode.c")
 BODY = SOURCE.with_name("cpu_paged_decode_body.h")  # included by SOURCE once per instance
 # Both are part of the build cache key, with the bfloat16 conversions SOURCE includes.
-INCLUDES = (BODY, native.BF16_HEADER)
+INCLUDES = (BODY, native.BF16_HEADER, native.HSUM16_HEADER)
 # Contraction into FMAs is left on here (the kernel's sums need not match torch's rounding).
 FLAGS = [f for f in native.FLAGS if f != "-ffp-contract=off"]
 

@@ -17,6 +17,12 @@ a few rows, where a product only streams its weight, the bfloat16 copy is faster
 the bytes. Either way products accumulate in float32 and the output is rounded to bfloat16:
 only the summation order differs.
 
+Where a product has only a few rows it streams its weight, and two faster paths than the packed
+product exist, each measured on one CPU vendor (``float32_mkl_max_rows``, ``few_rows_kernel``): on Intel, float32 through
+MKL's own F.linear; on AMD with AVX-512, the C kernel ``engine/native/few_rows.c``, which reads
+the weight in place as one linear stream per output row (bfloat16 at 1 row: 7.6 vs 9.7 ms per
+model pass of 121 products, float32 13.7 vs 15.9; it loses from 8 rows).
+
 Unpacked (no oneDNN, another device, or ``pack()`` not called) it falls back to choosing the
 faster orientation of the MKL product: ``W @ x.T`` up to 256 rows, ``F.linear`` beyond.
 """
@@ -32,7 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.host import cpu_vendor, has_amx
+from engine import native
+from engine.host import cpu_flags, cpu_vendor, has_amx
 
 WEIGHT_MAJOR_MAX_ROWS = 256  # unpacked float32: up to this many rows, W @ x.T is the faster product
 PACK_ROWS_HINT = 64  # the row count oneDNN tunes the packed layout for (any count still works)
@@ -45,10 +52,39 @@ INTEL_FLOAT32_MKL_MAX_ROWS = 2
 BF16_PRODUCTS_ENV = "TOKENMILL_BF16_PRODUCTS"  # "bfloat16" or "float32" overrides the measurement
 
 
+# On AMD with AVX-512, up to this many rows a product goes through few_rows.c (bench notes in
+# the README: bfloat16 1.27x oneDNN at 1-2 rows, 1.14x at 4, 0.93x at 8; float32 1.16-1.23x at
+# 1-2 rows, 1.06x at 4).
+AMD_FEW_ROWS_MAX = {torch.bfloat16: 4, torch.float32: 2}
+_FEW_ROWS_FN = {torch.float32: "few_rows_f32", torch.bfloat16: "few_rows_bf16"}
+
+
 @functools.cache
 def float32_mkl_max_rows() -> int:
     """Up to how many rows a float32 product skips the packed weight for MKL's own (Intel only)."""
     return INTEL_FLOAT32_MKL_MAX_ROWS if cpu_vendor() == "GenuineIntel" else 0
+
+
+@functools.cache
+def few_rows_kernel(dtype: torch.dtype):
+    """The few_rows.c function for ``dtype`` where this CPU runs it (AMD with AVX-512, and
+    avx512_bf16 for bfloat16), else None."""
+    flags = cpu_flags()
+    if cpu_vendor() != "AuthenticAMD" or "avx512f" not in flags or dtype not in _FEW_ROWS_FN:
+        return None
+    if dtype == torch.bfloat16 and "avx512_bf16" not in flags:
+        return None
+    lib = native.few_rows()
+    return None if lib is None else getattr(lib, _FEW_ROWS_FN[dtype], None)
+
+
+def few_rows(x: torch.Tensor, weight: torch.Tensor, fn) -> torch.Tensor:
+    """``x @ weight.T`` through the few_rows.c function ``fn`` (shapes checked by the caller)."""
+    rows, out = x.shape[0], weight.shape[0]
+    y = torch.empty(rows, out, dtype=x.dtype)
+    if fn(x.data_ptr(), x.stride(0), weight.data_ptr(), y.data_ptr(), out, rows, x.shape[1], out, native.threads()):
+        raise ValueError(f"few_rows: unsupported product of {rows} rows by {tuple(weight.shape)}")
+    return y
 
 
 @functools.cache
@@ -108,15 +144,23 @@ class Linear(nn.Linear):
     packed_f32: torch.Tensor | None = None  # float32 copy of a bfloat16 weight, for many rows
     packed_bias_f32: torch.Tensor | None = None
     weight_f32: torch.Tensor | None = None
+    few_rows_max: int = 0  # up to this many rows, few_rows_fn computes the product (set by pack)
+    few_rows_fn = None
 
     def pack(self) -> bool:
         """Reorder the weight for oneDNN (a copy: the parameter itself is left as it is).
         Returns False where the CPU build cannot; call again after changing the weight."""
         self.packed = self.packed_bias = self.packed_f32 = self.packed_bias_f32 = None
+        self.few_rows_max, self.few_rows_fn = 0, None
         if not can_pack() or self.weight.device.type != "cpu":
             return False
         dtype = compute_dtype(self.weight.dtype)
         self.packed, self.packed_bias = self._packed_as(dtype)
+        self.few_rows_max, self.few_rows_fn = 0, None
+        w = self.weight
+        fn = few_rows_kernel(w.dtype) if dtype == w.dtype else None
+        if fn is not None and self.bias is None and w.is_contiguous() and w.shape[1] % 32 == 0 and w.shape[0] % 16 == 0:
+            self.few_rows_max, self.few_rows_fn = AMD_FEW_ROWS_MAX[w.dtype], fn
         if dtype == torch.bfloat16 and not bf16_beats_float32():
             self.packed_f32, self.packed_bias_f32 = self._packed_as(torch.float32)
         return True
@@ -129,9 +173,12 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.device.type != "cpu":
             return F.linear(x, self.weight, self.bias)
-        if x.shape[0] <= float32_mkl_max_rows() and self.weight.dtype == x.dtype == torch.float32:
+        rows = x.shape[0]
+        if 0 < rows <= self.few_rows_max and x.dtype == self.weight.dtype and x.stride(1) == 1:
+            return few_rows(x, self.weight, self.few_rows_fn)
+        if rows <= float32_mkl_max_rows() and self.weight.dtype == x.dtype == torch.float32:
             return F.linear(x, self.weight, self.bias)
-        if self.packed_f32 is not None and x.shape[0] > BF16_MAX_ROWS:
+        if self.packed_f32 is not None and rows > BF16_MAX_ROWS:
             out = torch.ops.mkldnn._linear_pointwise(x.float(), self.packed_f32, self.packed_bias_f32, "none", [], "")
             return out.to(x.dtype)
         if self.packed is not None:

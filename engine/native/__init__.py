@@ -80,6 +80,7 @@ def load(name: str, source: Path, includes: tuple[Path, ...] = (), flags: list[s
 FUSED_SOURCE = Path(__file__).with_name("fused_ops.c")
 FUSED_BODY = FUSED_SOURCE.with_name("fused_ops_body.h")
 BF16_HEADER = FUSED_SOURCE.with_name("bf16.h")  # the bfloat16 conversions every C kernel includes
+HSUM16_HEADER = FUSED_SOURCE.with_name("hsum16.h")  # the batched AVX-512 horizontal sum
 FUSED_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
@@ -122,6 +123,25 @@ def _fused_kernel(name: str, dtype: torch.dtype):
 
 def threads() -> int:
     return max(1, torch.get_num_threads())
+
+
+FEW_ROWS_SOURCE = Path(__file__).with_name("few_rows.c")
+
+
+@functools.cache
+def few_rows() -> ctypes.CDLL | None:
+    """``few_rows.c``: products of 1-8 rows with a weight read in place (AVX-512 only)."""
+    # contraction into FMAs left on: the sums need not match torch's rounding
+    lib = load("few_rows", FEW_ROWS_SOURCE, (BF16_HEADER, HSUM16_HEADER), [f for f in FLAGS if f != "-ffp-contract=off"])
+    if lib is None:
+        return None
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    for name in ("few_rows_f32", "few_rows_bf16"):
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.argtypes = [p, i64, p, p, i64, i64, i64, i64, i64]
+            fn.restype = ctypes.c_int
+    return lib
 
 
 THREADS_SOURCE = Path(__file__).with_name("threads.c")
