@@ -1,7 +1,8 @@
 """Time the model's linear products and prefill attention by path and row count on this CPU.
 
 The engine picks a path per product (``engine/models/linear.py``): MKL unpacked, oneDNN packed
-in float32, or oneDNN packed in bfloat16, by row count and by the CPU's flags; and prefill SDPA
+in float32 or bfloat16, or the few-row C kernel (``engine/native/few_rows.c``), by row count and
+by the CPU; and prefill SDPA
 in bfloat16 or float32 (``TorchAttentionBackend._sdpa_dtype``). Those rules were measured on
 Intel Xeons. This probe measures them again on whatever CPU it lands on and writes JSON, so a
 rule can be checked (or changed) with a committed figure behind it.
@@ -24,6 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from bench import sysinfo
+from engine import native
+from engine.host import cpu_flags
+from engine.models import linear
 
 # SmolLM2-135M: hidden 576, 9 heads x 64 (3 KV heads), intermediate 1536, vocab 49152, 30 layers.
 LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in): qkv, o, gate_up, down
@@ -65,6 +69,16 @@ def onednn(x, w):
     return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
 
 
+def few_rows_path(dtype: torch.dtype):
+    """few_rows.c's function as a product ``fn(x, w)``, where this CPU can run it."""
+    need = {"avx512f"} | ({"avx512_bf16"} if dtype == torch.bfloat16 else set())
+    lib = native.few_rows() if need <= cpu_flags() else None
+    if lib is None:
+        return None
+    fn = getattr(lib, "few_rows_bf16" if dtype == torch.bfloat16 else "few_rows_f32")
+    return lambda x, w: linear.few_rows(x, w, fn)
+
+
 def probe_products(rows_list: list[int]) -> list[dict]:
     f32, bf16 = weights(torch.float32), weights(torch.bfloat16)
     paths = {
@@ -73,12 +87,16 @@ def probe_products(rows_list: list[int]) -> list[dict]:
         "bfloat16 oneDNN packed": (onednn, pack(bf16), torch.bfloat16),
         "bfloat16 MKL/aten": (mkl, bf16, torch.bfloat16),
     }
+    for dtype, ws in ((torch.float32, f32), (torch.bfloat16, bf16)):
+        fn = few_rows_path(dtype)
+        if fn is not None:
+            paths[f"{str(dtype).removeprefix('torch.')} few_rows.c"] = (fn, ws, dtype)
     out = []
     for rows in rows_list:
         reps = 7 if rows <= 64 else 3
         for name, (fn, ws, dtype) in paths.items():
-            if name == "bfloat16 MKL/aten" and rows > 64:
-                continue  # only a reference at few rows
+            if (name == "bfloat16 MKL/aten" and rows > 64) or ("few_rows" in name and rows > 8):
+                continue  # only a reference at few rows; the kernel takes at most 8
             xs = {k: torch.randn(rows, k, dtype=dtype) for k in (576, 1536)}
             ms = time_pass(fn, xs, ws, reps)
             rec = {"rows": rows, "path": name, "ms_per_pass": round(ms, 3),
