@@ -1,5 +1,5 @@
 """Prefill attention on this CPU: SDPA per chunk (the backend's path with AMX) against the C
-decode kernel run over every prompt token (``AttentionMetadata.per_token``), keys read in place.
+prefill kernel (``engine/attention/cpu_paged_prefill.c``), keys read in place.
 
 One chunk of ``m`` prompt tokens after ``ctx`` cached ones, SmolLM2's heads (9 query, 3 KV,
 head_dim 64), blocks shuffled across a 4,000-block pool. Medians of 7 alternating runs.

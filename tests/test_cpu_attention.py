@@ -123,7 +123,7 @@ def _causal_reference(q, k_cache, v_cache, meta, scale) -> torch.Tensor:
 @pytest.mark.parametrize("prefill_kernel", [True, False])
 def test_mixed_step_attention_matches_reference(dtype, prefill_kernel, monkeypatch) -> None:
     """Decodes and prompt chunks (with and without a cached prefix) in one step, through the
-    kernel for every token or through SDPA per chunk: the same causal attention."""
+    decode and prefill kernels or through SDPA per chunk: the same causal attention."""
     q, k, v, k_cache, v_cache, meta = _mixed_step(dtype, torch.Generator().manual_seed(7))
     backend = TorchAttentionBackend(prefill_kernel=prefill_kernel)
     backend.write_kv(k, v, k_cache, v_cache, meta)
@@ -137,9 +137,62 @@ def test_mixed_step_attention_matches_reference(dtype, prefill_kernel, monkeypat
     torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
 
 
-def test_per_token_view_gives_each_token_its_row_and_causal_length() -> None:
-    *_, meta = _mixed_step(torch.float32, torch.Generator().manual_seed(1))
-    tables, lens = meta.per_token
-    assert lens.tolist() == [41, 18, *range(1, 38), *range(34, 54)]
-    rows = [0, 1] + [2] * 37 + [3] * 20
-    assert torch.equal(tables, meta.block_tables[rows])
+def _prompt_step(kv_heads: int, group: int, contexts: list[int], chunks: list[int], kv_dtype, q_dtype, gen):
+    """Prompt chunks only (no decodes), keys already in a shuffled pool."""
+    head_dim, heads = 64, kv_heads * group
+    seq_lens = [c + q for c, q in zip(contexts, chunks, strict=True)]
+    width = -(-max(seq_lens) // BLOCK_SIZE)
+    num_blocks = len(seq_lens) * width + 2
+    shape = (kv_heads, num_blocks, BLOCK_SIZE, head_dim)
+    k_cache, v_cache = torch.randn(shape, generator=gen).to(kv_dtype), torch.randn(shape, generator=gen).to(kv_dtype)
+    tables = torch.randperm(num_blocks, generator=gen)[: len(seq_lens) * width].view(-1, width).to(torch.int32)
+    starts = [0]
+    for n in chunks:
+        starts.append(starts[-1] + n)
+    meta = AttentionMetadata(
+        query_start_loc=torch.tensor(starts, dtype=torch.int32), seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        context_lens=torch.tensor(contexts, dtype=torch.int32), slot_mapping=torch.zeros(starts[-1], dtype=torch.int64),
+        block_tables=tables, block_size=BLOCK_SIZE, num_decodes=0, max_query_len=max(chunks),
+        max_seq_len=max(seq_lens), query_lens_host=chunks, seq_lens_host=seq_lens, context_lens_host=contexts)
+    qkv = torch.randn(starts[-1], (heads + 2 * kv_heads) * head_dim, generator=gen).to(q_dtype)
+    return qkv[:, : heads * head_dim].view(-1, heads, head_dim), k_cache, v_cache, meta
+
+
+@pytest.fixture(scope="module")
+def prefill_kernel():
+    from engine.attention.cpu_kernels import PagedPrefillKernel, load_prefill
+
+    lib = load_prefill() if has_avx512() else None
+    if lib is None:
+        pytest.skip("the prefill kernel needs AVX-512 and a C compiler")
+    return PagedPrefillKernel(lib)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("kv_heads", "group"), [(2, 1), (3, 3), (1, 4), (1, 8)])
+@pytest.mark.parametrize("kv_dtype,q_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                              (torch.bfloat16, torch.bfloat16)])
+def test_prefill_kernel_matches_reference(prefill_kernel, kv_heads, group, kv_dtype, q_dtype, threads) -> None:
+    """Every instance; chunks of 1, 16 (one tile) and 33 tokens (three tiles, the last of one
+    token) after contexts of 0, 5 and 40 tokens, so tiles and blocks straddle each other."""
+    q, k_cache, v_cache, meta = _prompt_step(kv_heads, group, [0, 5, 40], [33, 1, 16], kv_dtype, q_dtype,
+                                             torch.Generator().manual_seed(group))
+    out = torch.full(q.shape, float("nan"), dtype=q_dtype)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        prefill_kernel(q, k_cache, v_cache, meta, 0.125, out)
+    finally:
+        torch.set_num_threads(before)
+    want = _causal_reference(q, k_cache, v_cache, meta, 0.125)
+    tol = 1e-5 if q_dtype == torch.float32 else 8e-3
+    torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)
+
+
+def test_prefill_kernel_refuses_a_table_outside_the_pool(prefill_kernel) -> None:
+    q, k_cache, v_cache, meta = _prompt_step(1, 3, [0, 20], [4, 4], torch.float32, torch.float32,
+                                             torch.Generator().manual_seed(0))
+    meta.block_tables[1, 1] = k_cache.shape[1] + 7
+    bad = k_cache.shape[1] + 7
+    with pytest.raises(IndexError, match=f"block table of sequence 1 holds block id {bad} outside the KV pool"):
+        prefill_kernel(q, k_cache, v_cache, meta, 0.125, torch.empty_like(q))

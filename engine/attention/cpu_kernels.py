@@ -24,7 +24,7 @@ from engine import native
 SOURCE = Path(__file__).with_name("cpu_paged_decode.c")
 BODY = SOURCE.with_name("cpu_paged_decode_body.h")  # included by SOURCE once per instance
 # Both are part of the build cache key, with the bfloat16 conversions SOURCE includes.
-INCLUDES = (BODY, native.BF16_HEADER, native.HSUM16_HEADER)
+INCLUDES = (BODY, native.BF16_HEADER, native.AVX512_MATH_HEADER)
 # Contraction into FMAs is left on here (the kernel's sums need not match torch's rounding).
 FLAGS = [f for f in native.FLAGS if f != "-ffp-contract=off"]
 
@@ -40,6 +40,64 @@ def load() -> ctypes.CDLL | None:
         fn.argtypes = [p, i64, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, i64]
         fn.restype = ctypes.c_int
     return lib
+
+
+PREFILL_SOURCE = SOURCE.with_name("cpu_paged_prefill.c")
+
+
+@functools.cache
+def load_prefill() -> ctypes.CDLL | None:
+    """The built prefill library (AVX-512 only: None elsewhere, and where it cannot be built)."""
+    lib = native.load("paged_prefill", PREFILL_SOURCE, (native.BF16_HEADER, native.AVX512_MATH_HEADER), FLAGS)
+    if lib is None or not hasattr(lib, "paged_prefill_f32"):
+        return None
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    for fn in (lib.paged_prefill_f32, lib.paged_prefill_bf16, lib.paged_prefill_bf16q):
+        fn.argtypes = [p, i64, p, p, p, i64, p, p, i64, i64, p, i64, i64, i64, i64, ctypes.c_float, i64]
+        fn.restype = ctypes.c_int
+    return lib
+
+
+class PagedPrefillKernel:
+    """``kernel(q, k_cache, v_cache, meta, scale, out)``: the prompt chunks of a step (sequences
+    ``meta.num_decodes`` onward), written into their rows of ``out``. head_dim 64 only."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.fns = {torch.float32: lib.paged_prefill_f32, torch.bfloat16: lib.paged_prefill_bf16}
+        self.bf16_queries = lib.paged_prefill_bf16q
+
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float,
+                 out: torch.Tensor) -> None:
+        num_heads, head_dim = q.shape[1], q.shape[2]
+        num_kv_heads, num_blocks, block_size, _ = k_cache.shape
+        assert head_dim == 64 and k_cache.dtype == v_cache.dtype and k_cache.is_contiguous() and v_cache.is_contiguous()
+        if q.dtype == k_cache.dtype == torch.bfloat16:
+            fn, io_dtype = self.bf16_queries, torch.bfloat16
+        else:
+            fn, io_dtype = self.fns[k_cache.dtype], torch.float32
+        qk = q.to(io_dtype)
+        if qk.stride(2) != 1 or qk.stride(1) != head_dim:
+            qk = qk.contiguous()
+        target = out if out.dtype == io_dtype and out.is_contiguous() else torch.empty(q.shape, dtype=io_dtype)
+        tables = meta.block_tables
+        if tables.dtype != torch.int32 or tables.stride(-1) != 1:
+            tables = tables.to(torch.int32).contiguous()
+        starts = meta.query_start_loc.to(torch.int32).contiguous()
+        contexts = meta.context_lens.to(torch.int32).contiguous()
+        code = fn(qk.data_ptr(), qk.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
+                  tables.stride(0), starts.data_ptr(), contexts.data_ptr(), meta.num_decodes, meta.num_seqs,
+                  target.data_ptr(), num_heads, num_kv_heads, num_blocks, block_size, scale,
+                  max(1, torch.get_num_threads()))
+        if code == -1:
+            raise MemoryError("CPU prefill kernel could not allocate its scratch")
+        if code == -2:
+            raise ValueError(f"CPU prefill kernel: unsupported shape ({num_heads} heads, {num_kv_heads} KV heads, "
+                             f"block size {block_size})")
+        if code:
+            raise PagedDecodeKernel._bad_table(code - 1, tables, meta.seq_lens_host, block_size, num_blocks)
+        if target is not out:
+            first = int(starts[meta.num_decodes])
+            out[first:] = target[first:].to(out.dtype)
 
 
 class PagedDecodeKernel:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -41,17 +40,3 @@ class AttentionMetadata:
     @property
     def num_tokens(self) -> int:
         return int(self.slot_mapping.shape[0])
-
-    @functools.cached_property
-    def per_token(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every query token as a one-token sequence: its block-table row ``[T, max_blocks]``
-        and the context it sees ``[T]`` (its position + 1: cached context, earlier tokens of its
-        chunk, itself). With this a decode kernel runs prefill chunks too, reading the keys
-        in place. Built once per step and shared by every layer."""
-        dev = self.block_tables.device
-        counts = torch.tensor(self.query_lens_host, device=dev)
-        seq = torch.repeat_interleave(torch.arange(self.num_seqs, device=dev), counts)
-        tables = self.block_tables.index_select(0, seq)
-        offset = torch.arange(seq.shape[0], device=dev) - self.query_start_loc[:-1].to(dev)[seq]
-        lens = (self.context_lens.to(dev)[seq] + offset + 1).to(torch.int32)
-        return tables, lens

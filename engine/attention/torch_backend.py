@@ -6,13 +6,13 @@ decodes is one ``index_select`` and two batched matmuls of (query group x contex
 transposing copy and no per-block matmuls.
 
 Decodes go to the C kernel of ``cpu_kernels.py``, which reads each sequence's blocks in place
-(with torch ops as the fallback: decodes batched by length bucket, compiled). Where that
-kernel has its AVX-512 instance for head_dim 64 and the CPU has no AMX, prefill chunks go
-through it too, each prompt token as a one-token sequence over its own causal context
-(``AttentionMetadata.per_token``): the whole mixed step in one call, keys read in place. On an
-AMD EPYC (Zen 5) this ran 2.2-3.1x faster than SDPA in bfloat16 and 1.15-2.2x in float32
-(``bench/probe_prefill_attention.py``). Otherwise prefill chunks go one sequence at a time
-through SDPA, and a chunk with no cached context uses its fresh keys and skips the gather.
+(with torch ops as the fallback: decodes batched by length bucket, compiled). On AVX-512
+CPUs without AMX, prefill chunks of head_dim 64 go to the C prefill kernel
+(``cpu_paged_prefill.c``): tiles of 16 prompt tokens against the blocks in place, flash style,
+so prefix hits need no gather or mask. On an AMD EPYC (Zen 5) it ran 2.4-3.4x faster than SDPA
+in bfloat16 and 2.2-3.0x in float32 (``bench/probe_prefill_attention.py``). Otherwise prefill
+chunks go one sequence at a time through SDPA, and a chunk with no cached context uses its
+fresh keys and skips the gather.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class TorchAttentionBackend(AttentionBackend):
         self.compile_decode = compile_decode
         self.prefill_kernel = prefill_kernel
         self.kernel = None
+        self.prefill_kernel_fn = None
         if decode_kernel != "torch":
             from engine.attention.cpu_kernels import PagedDecodeKernel, load
 
@@ -50,6 +51,11 @@ class TorchAttentionBackend(AttentionBackend):
             if lib is None and decode_kernel == "c":
                 raise RuntimeError("the C decode kernel is not available (no compiler, or TOKENMILL_CPU_KERNELS=0)")
             self.kernel = PagedDecodeKernel(lib) if lib is not None else None
+            if self.kernel is not None and prefill_kernel and has_avx512():
+                from engine.attention.cpu_kernels import PagedPrefillKernel, load_prefill
+
+                prefill_lib = load_prefill()
+                self.prefill_kernel_fn = PagedPrefillKernel(prefill_lib) if prefill_lib is not None else None
 
     block_axis = 1
 
@@ -80,8 +86,9 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty_like(query)
         nd = meta.num_decodes
         if meta.num_seqs > nd and self._prefill_in_kernel(query, k_cache):
-            tables, lens = meta.per_token
-            self.kernel(query, k_cache, v_cache, tables, lens, None, scale, out=out)
+            if nd:
+                self._decode(query[:nd], k_cache, v_cache, meta, scale, out[:nd])
+            self.prefill_kernel_fn(query, k_cache, v_cache, meta, scale, out)
             return out
         if nd:
             self._decode(query[:nd], k_cache, v_cache, meta, scale, out[:nd])
@@ -115,8 +122,8 @@ class TorchAttentionBackend(AttentionBackend):
     def _prefill_in_kernel(self, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
         """Whether prefill chunks go through the decode kernel (see the module docstring): only
         where it was measured faster. With AMX, bfloat16 SDPA is faster on long chunks."""
-        return (self.kernel is not None and self.prefill_kernel and q.device.type == "cpu"
-                and k_cache.dtype in self.kernel.KV_DTYPES and q.shape[-1] == 64 and has_avx512()
+        return (self.prefill_kernel_fn is not None and self.prefill_kernel and q.device.type == "cpu"
+                and k_cache.dtype in self.kernel.KV_DTYPES and q.shape[-1] == 64
                 and not (q.dtype == torch.bfloat16 and has_amx()))
 
     @staticmethod

@@ -80,7 +80,7 @@ def load(name: str, source: Path, includes: tuple[Path, ...] = (), flags: list[s
 FUSED_SOURCE = Path(__file__).with_name("fused_ops.c")
 FUSED_BODY = FUSED_SOURCE.with_name("fused_ops_body.h")
 BF16_HEADER = FUSED_SOURCE.with_name("bf16.h")  # the bfloat16 conversions every C kernel includes
-HSUM16_HEADER = FUSED_SOURCE.with_name("hsum16.h")  # the batched AVX-512 horizontal sum
+AVX512_MATH_HEADER = FUSED_SOURCE.with_name("avx512_math.h")  # vector exp and batched sum of the AVX-512 kernels
 FUSED_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
@@ -132,7 +132,7 @@ FEW_ROWS_SOURCE = Path(__file__).with_name("few_rows.c")
 def few_rows() -> ctypes.CDLL | None:
     """``few_rows.c``: products of 1-8 rows with a weight read in place (AVX-512 only)."""
     # contraction into FMAs left on: the sums need not match torch's rounding
-    lib = load("few_rows", FEW_ROWS_SOURCE, (BF16_HEADER, HSUM16_HEADER), [f for f in FLAGS if f != "-ffp-contract=off"])
+    lib = load("few_rows", FEW_ROWS_SOURCE, (BF16_HEADER, AVX512_MATH_HEADER), [f for f in FLAGS if f != "-ffp-contract=off"])
     if lib is None:
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64

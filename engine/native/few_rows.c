@@ -21,7 +21,7 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 
-#include "hsum16.h"
+#include "avx512_math.h"
 
 /* One tile of 16 outputs for ROWS rows. Each weight row is read as one linear stream, every
  * vector loaded once and multiplied into every row's accumulators; KU accumulators per row keep
