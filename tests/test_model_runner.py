@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
-from engine import EngineConfig, cuda_profile
+from engine import EngineConfig, cuda_profile, kv_cache
 from engine.attention import get_backend
 from engine.device_features import DeviceFeatures
 from engine.model_loader import load_model
@@ -52,3 +55,32 @@ def test_profiling_runs_one_full_budget_step_and_lets_go_of_the_probe_pool(tiny_
     assert seen == {"peak": 10**9 - 19 * per_block, "per_block": per_block, "utilization": 0.5}
     assert runner.num_kv_blocks == 21 and runner.kv_pool.shape[2 + runner.backend.block_axis] == 21
     assert runner.model.attention_layers()[0].k_cache.data_ptr() == runner.kv_pool[0, 0].data_ptr()
+
+
+def _thp_mode() -> str:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return "none"
+    return text.split("[", 1)[1].split("]", 1)[0]
+
+
+def test_a_cpu_pool_is_zeroed_and_asks_for_huge_pages(monkeypatch):
+    """The pool is zeroed whichever way it is allocated, and on a CPU it asks for transparent
+    huge pages before its first touch, unless TOKENMILL_KV_HUGE_PAGES=0."""
+    asked = []
+    real = kv_cache.advise_huge_pages
+    monkeypatch.setattr(kv_cache, "advise_huge_pages", lambda t: asked.append(t.data_ptr()) or real(t))
+    pool = kv_cache.allocate_kv_pool(2, (3, 40, 16, 64), torch.float32, "cpu")
+    assert pool.shape == (2, 2, 3, 40, 16, 64) and not pool.any()
+    assert asked == [pool.data_ptr()]
+    monkeypatch.setenv("TOKENMILL_KV_HUGE_PAGES", "0")
+    assert not kv_cache.allocate_kv_pool(2, (3, 40, 16, 64), torch.float32, "cpu").any()
+    assert len(asked) == 1
+
+
+def test_huge_page_advice_needs_a_whole_aligned_huge_page():
+    assert not kv_cache.advise_huge_pages(torch.empty(1 << 20, dtype=torch.uint8))  # under 2 MiB
+    if _thp_mode() not in ("madvise", "always"):
+        pytest.skip(f"transparent huge pages are {_thp_mode()!r} here")
+    assert kv_cache.advise_huge_pages(torch.empty(8 << 20, dtype=torch.uint8))
