@@ -79,7 +79,9 @@ def _long_plan(tmp_path: Path, model_dir: Path, tag: str, rows: int):
 
 
 def test_drain_hands_back_open_shards_when_the_grace_period_is_over(tmp_path: Path, tiny_model_dir) -> None:
-    plan, shards, _ = _long_plan(tmp_path, tiny_model_dir, "drain0", rows=200)
+    # Long enough to outlast the driver's stop check (once a second) on any machine: 200 rows
+    # finished within that second on an AMD EPYC (Zen 5) and the shard was reported done.
+    plan, shards, _ = _long_plan(tmp_path, tiny_model_dir, "drain0", rows=2000)
     events, mid_shard = _recorder(lambda events: any(e.counts.rows > 0 for e in events))
     service = EngineService()
     futures = [service.submit(plan, shard, on_progress=events.append) for shard in shards[:2]]
