@@ -73,17 +73,16 @@ def test_backend_uses_the_kernel_and_can_be_told_not_to() -> None:
         TorchAttentionBackend(decode_kernel="gpu")
 
 
-def _mixed_step(dtype: torch.dtype, gen: torch.Generator):
-    """Two decodes, a prompt chunk with no cached context and one after a cached prefix (a
-    prefix hit or a later chunk), their keys already in a shuffled pool, as the layer leaves
-    them before ``attend``."""
-    heads, kv_heads, head_dim = 9, 3, 64
-    contexts, query_lens = [40, 17, 0, 33], [1, 1, 37, 20]
+def _step(kv_heads: int, group: int, contexts: list[int], query_lens: list[int], num_decodes: int, kv_dtype,
+          q_dtype, gen: torch.Generator):
+    """A step's queries, new keys and values, a shuffled pool and its metadata: the first
+    ``num_decodes`` sequences decode, the rest are prompt chunks after ``contexts`` cached tokens."""
+    head_dim, heads = 64, kv_heads * group
     seq_lens = [c + q for c, q in zip(contexts, query_lens, strict=True)]
     width = -(-max(seq_lens) // BLOCK_SIZE)
     num_blocks = len(seq_lens) * width + 3
     shape = (kv_heads, num_blocks, BLOCK_SIZE, head_dim)
-    k_cache, v_cache = torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype)
+    k_cache, v_cache = torch.randn(shape, generator=gen).to(kv_dtype), torch.randn(shape, generator=gen).to(kv_dtype)
     tables = torch.randperm(num_blocks, generator=gen)[: len(seq_lens) * width].view(-1, width).to(torch.int32)
     starts = [0]
     for q_len in query_lens:
@@ -93,13 +92,19 @@ def _mixed_step(dtype: torch.dtype, gen: torch.Generator):
     meta = AttentionMetadata(
         query_start_loc=torch.tensor(starts, dtype=torch.int32), seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
         context_lens=torch.tensor(contexts, dtype=torch.int32), slot_mapping=torch.tensor(slots),
-        block_tables=tables, block_size=BLOCK_SIZE, num_decodes=2, max_query_len=max(query_lens),
+        block_tables=tables, block_size=BLOCK_SIZE, num_decodes=num_decodes, max_query_len=max(query_lens),
         max_seq_len=max(seq_lens), query_lens_host=query_lens, seq_lens_host=seq_lens, context_lens_host=contexts)
-    qkv = torch.randn(starts[-1], (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype)
+    qkv = torch.randn(starts[-1], (heads + 2 * kv_heads) * head_dim, generator=gen).to(q_dtype)
     q = qkv[:, : heads * head_dim].view(-1, heads, head_dim)
     k = qkv[:, heads * head_dim: (heads + kv_heads) * head_dim].view(-1, kv_heads, head_dim)
     v = qkv[:, (heads + kv_heads) * head_dim:].view(-1, kv_heads, head_dim)
     return q, k, v, k_cache, v_cache, meta
+
+
+def _mixed_step(dtype: torch.dtype, gen: torch.Generator):
+    """Two decodes, a prompt chunk with no cached context and one after a cached prefix (a
+    prefix hit or a later chunk), their keys already in a shuffled pool."""
+    return _step(3, 3, [40, 17, 0, 33], [1, 1, 37, 20], 2, dtype, dtype, gen)
 
 
 def _causal_reference(q, k_cache, v_cache, meta, scale) -> torch.Tensor:
@@ -137,29 +142,8 @@ def test_mixed_step_attention_matches_reference(dtype, prefill_kernel, monkeypat
     torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
 
 
-def _prompt_step(kv_heads: int, group: int, contexts: list[int], chunks: list[int], kv_dtype, q_dtype, gen):
-    """Prompt chunks only (no decodes), keys already in a shuffled pool."""
-    head_dim, heads = 64, kv_heads * group
-    seq_lens = [c + q for c, q in zip(contexts, chunks, strict=True)]
-    width = -(-max(seq_lens) // BLOCK_SIZE)
-    num_blocks = len(seq_lens) * width + 2
-    shape = (kv_heads, num_blocks, BLOCK_SIZE, head_dim)
-    k_cache, v_cache = torch.randn(shape, generator=gen).to(kv_dtype), torch.randn(shape, generator=gen).to(kv_dtype)
-    tables = torch.randperm(num_blocks, generator=gen)[: len(seq_lens) * width].view(-1, width).to(torch.int32)
-    starts = [0]
-    for n in chunks:
-        starts.append(starts[-1] + n)
-    meta = AttentionMetadata(
-        query_start_loc=torch.tensor(starts, dtype=torch.int32), seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        context_lens=torch.tensor(contexts, dtype=torch.int32), slot_mapping=torch.zeros(starts[-1], dtype=torch.int64),
-        block_tables=tables, block_size=BLOCK_SIZE, num_decodes=0, max_query_len=max(chunks),
-        max_seq_len=max(seq_lens), query_lens_host=chunks, seq_lens_host=seq_lens, context_lens_host=contexts)
-    qkv = torch.randn(starts[-1], (heads + 2 * kv_heads) * head_dim, generator=gen).to(q_dtype)
-    return qkv[:, : heads * head_dim].view(-1, heads, head_dim), k_cache, v_cache, meta
-
-
 @pytest.fixture(scope="module")
-def prefill_kernel():
+def prefill():
     from engine.attention.cpu_kernels import PagedPrefillKernel, load_prefill
 
     lib = load_prefill() if has_avx512() else None
@@ -172,16 +156,16 @@ def prefill_kernel():
 @pytest.mark.parametrize(("kv_heads", "group"), [(2, 1), (3, 3), (1, 4), (1, 8)])
 @pytest.mark.parametrize("kv_dtype,q_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
                                               (torch.bfloat16, torch.bfloat16)])
-def test_prefill_kernel_matches_reference(prefill_kernel, kv_heads, group, kv_dtype, q_dtype, threads) -> None:
+def test_prefill_kernel_matches_reference(prefill, kv_heads, group, kv_dtype, q_dtype, threads) -> None:
     """Every instance; chunks of 1, 16 (one tile) and 33 tokens (three tiles, the last of one
     token) after contexts of 0, 5 and 40 tokens, so tiles and blocks straddle each other."""
-    q, k_cache, v_cache, meta = _prompt_step(kv_heads, group, [0, 5, 40], [33, 1, 16], kv_dtype, q_dtype,
-                                             torch.Generator().manual_seed(group))
+    q, _, _, k_cache, v_cache, meta = _step(kv_heads, group, [0, 5, 40], [33, 1, 16], 0, kv_dtype, q_dtype,
+                                            torch.Generator().manual_seed(group))
     out = torch.full(q.shape, float("nan"), dtype=q_dtype)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        prefill_kernel(q, k_cache, v_cache, meta, 0.125, out)
+        prefill(q, k_cache, v_cache, meta, 0.125, out)
     finally:
         torch.set_num_threads(before)
     want = _causal_reference(q, k_cache, v_cache, meta, 0.125)
@@ -189,10 +173,10 @@ def test_prefill_kernel_matches_reference(prefill_kernel, kv_heads, group, kv_dt
     torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)
 
 
-def test_prefill_kernel_refuses_a_table_outside_the_pool(prefill_kernel) -> None:
-    q, k_cache, v_cache, meta = _prompt_step(1, 3, [0, 20], [4, 4], torch.float32, torch.float32,
-                                             torch.Generator().manual_seed(0))
+def test_prefill_kernel_refuses_a_table_outside_the_pool(prefill) -> None:
+    q, _, _, k_cache, v_cache, meta = _step(1, 3, [0, 20], [4, 4], 0, torch.float32, torch.float32,
+                                            torch.Generator().manual_seed(0))
     meta.block_tables[1, 1] = k_cache.shape[1] + 7
     bad = k_cache.shape[1] + 7
     with pytest.raises(IndexError, match=f"block table of sequence 1 holds block id {bad} outside the KV pool"):
-        prefill_kernel(q, k_cache, v_cache, meta, 0.125, torch.empty_like(q))
+        prefill(q, k_cache, v_cache, meta, 0.125, torch.empty_like(q))

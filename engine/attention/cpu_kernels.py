@@ -42,6 +42,21 @@ def load() -> ctypes.CDLL | None:
     return lib
 
 
+def _instance(kernel, q: torch.Tensor, k_cache: torch.Tensor):
+    """The C instance for these queries and this cache, its I/O dtype, and the queries ready for
+    it. bfloat16 queries with a bfloat16 cache take the instance that reads and writes bfloat16
+    (and may score with bf16 dot products); otherwise queries and outputs are float32. Queries
+    are read in place when each head's row is contiguous (a view of the fused projection)."""
+    if q.dtype == k_cache.dtype == torch.bfloat16:
+        fn, io_dtype = kernel.bf16_queries, torch.bfloat16
+    else:
+        fn, io_dtype = kernel.fns[k_cache.dtype], torch.float32
+    qk = q.to(io_dtype)
+    if qk.stride(2) != 1 or qk.stride(1) != q.shape[2]:
+        qk = qk.contiguous()
+    return fn, io_dtype, qk
+
+
 PREFILL_SOURCE = SOURCE.with_name("cpu_paged_prefill.c")
 
 
@@ -71,13 +86,7 @@ class PagedPrefillKernel:
         num_heads, head_dim = q.shape[1], q.shape[2]
         num_kv_heads, num_blocks, block_size, _ = k_cache.shape
         assert head_dim == 64 and k_cache.dtype == v_cache.dtype and k_cache.is_contiguous() and v_cache.is_contiguous()
-        if q.dtype == k_cache.dtype == torch.bfloat16:
-            fn, io_dtype = self.bf16_queries, torch.bfloat16
-        else:
-            fn, io_dtype = self.fns[k_cache.dtype], torch.float32
-        qk = q.to(io_dtype)
-        if qk.stride(2) != 1 or qk.stride(1) != head_dim:
-            qk = qk.contiguous()
+        fn, io_dtype, qk = _instance(self, q, k_cache)
         target = out if out.dtype == io_dtype and out.is_contiguous() else torch.empty(q.shape, dtype=io_dtype)
         tables = meta.block_tables
         if tables.dtype != torch.int32 or tables.stride(-1) != 1:
@@ -129,15 +138,7 @@ class PagedDecodeKernel:
         num_kv_heads, num_blocks, block_size, _ = k_cache.shape
         assert k_cache.dtype == v_cache.dtype and k_cache.dtype in self.KV_DTYPES
         assert k_cache.is_contiguous() and v_cache.is_contiguous()
-        # bfloat16 queries with a bfloat16 cache: the instance that reads and writes bfloat16 and
-        # may score with bf16 dot products; otherwise queries and outputs are float32
-        if q.dtype == k_cache.dtype == torch.bfloat16:
-            fn, io_dtype = self.bf16_queries, torch.bfloat16
-        else:
-            fn, io_dtype = self.fns[k_cache.dtype], torch.float32
-        qk = q.to(io_dtype)
-        if qk.stride(2) != 1 or qk.stride(1) != head_dim:
-            qk = qk.contiguous()
+        fn, io_dtype, qk = _instance(self, q, k_cache)
         if tables.dtype != torch.int32 or tables.stride(-1) != 1:  # the engine's metadata is int32 already
             tables = tables.to(torch.int32).contiguous()
         if seq_lens.dtype != torch.int32 or not seq_lens.is_contiguous():
