@@ -14,6 +14,10 @@ a worker. Settings:
   ``unacked_restore_interval`` (seconds between sweeps for expired unacked messages, default
   10) and ``unacked_restore_throttle`` (scan on every Nth sweep, default 10): a dead worker's
   shard comes back after visibility_timeout + up to interval x throttle. Tests set both to 1.
+- ``TOKENMILL_RESTORE_MUTEX_EXPIRE`` (Redis) kombu's ``unacked_mutex_expire``, default 300: the
+  lock a sweep holds expires after this many seconds, so a worker killed while sweeping delays
+  every other worker's sweep by up to this long. Tests set it to 5 (a frozen-then-killed worker
+  once held it and the redelivery came 300 s late).
 - ``TOKENMILL_REDIS_KEY_PREFIX`` (Redis) kombu ``global_keyprefix``, isolating a fleet (or a
   test) that shares a Redis database with others, including the ``unacked`` bookkeeping.
 - ``TOKENMILL_GRACE_PERIOD`` seconds a worker told to stop (SIGTERM: spot reclaim, rolling
@@ -70,6 +74,7 @@ def redis_transport_options(key_prefix: str | None = None) -> dict[str, object]:
     for env, key in (
         ("TOKENMILL_RESTORE_INTERVAL", "unacked_restore_interval"),
         ("TOKENMILL_RESTORE_THROTTLE", "unacked_restore_throttle"),
+        ("TOKENMILL_RESTORE_MUTEX_EXPIRE", "unacked_mutex_expire"),
     ):
         value = _env_number(env)
         if value is not None:

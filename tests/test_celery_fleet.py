@@ -151,6 +151,8 @@ def _fleet_env(broker_url: str, queue: str, prefix: str, extra: dict[str, str]) 
         "TOKENMILL_VISIBILITY_TIMEOUT": "30",  # above the longest shard here (about 10 s on a loaded box)
         "TOKENMILL_RESTORE_INTERVAL": "1",  # sweep for expired unacked messages every second
         "TOKENMILL_RESTORE_THROTTLE": "1",
+        # a worker killed (or frozen) mid-sweep holds the sweep lock until it expires
+        "TOKENMILL_RESTORE_MUTEX_EXPIRE": "5",
         **extra,
     }
 
@@ -570,3 +572,15 @@ def test_broker_restart_mid_job_completes(own_redis, tmp_path_factory, tmp_path,
             assert success_marker_exists(plan.output_url)
         finally:
             fleet.stop()
+
+
+def test_redis_transport_options_come_from_the_environment(monkeypatch) -> None:
+    """What the fleet tests rely on: each knob reaches kombu under its own name."""
+    from pipeline.celery_app import redis_transport_options
+
+    for name, value in (("TOKENMILL_VISIBILITY_TIMEOUT", "20"), ("TOKENMILL_RESTORE_INTERVAL", "1"),
+                        ("TOKENMILL_RESTORE_THROTTLE", "1"), ("TOKENMILL_RESTORE_MUTEX_EXPIRE", "5")):
+        monkeypatch.setenv(name, value)
+    assert redis_transport_options("tm-x:") == {
+        "visibility_timeout": 20, "unacked_restore_interval": 1, "unacked_restore_throttle": 1,
+        "unacked_mutex_expire": 5, "global_keyprefix": "tm-x:"}
