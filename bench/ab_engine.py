@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -77,9 +75,7 @@ def main() -> None:
     print(f"{args.workload} {args.dtype}: {args.feature} on/off median of pair ratios {result['median_ratio']:.3f} "
           f"({', '.join(f'{x:.3f}' for x in ratios)})")
     if args.out:
-        path = Path(args.out) / f"ab-{args.feature}-{args.workload}-{args.dtype}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        path.write_text(json.dumps(result, indent=1))
-        print(f"wrote {path}")
+        sysinfo.write_result(args.out, f"ab-{args.feature}-{args.workload}-{args.dtype}", result)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import json
 import signal
 import sys
 import tempfile
@@ -222,11 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     result["load_after"] = sysinfo.load()
     result["summary"] = report.summarise(result)
     report.print_tables(result)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"engine-vs-vllm-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=1))
-    print(f"wrote {path}")
+    sysinfo.write_result(args.out, "engine-vs-vllm", result)
 
 
 if __name__ == "__main__":

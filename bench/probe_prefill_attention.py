@@ -10,10 +10,8 @@ head_dim 64), blocks shuffled across a 4,000-block pool. Medians of 7 alternatin
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
@@ -74,9 +72,7 @@ def main() -> None:
     torch.manual_seed(0)
     rows = [measure(ctx, m, dtype) for dtype in (torch.bfloat16, torch.float32) for ctx, m in CASES]
     if args.out:
-        path = Path(args.out) / f"probe-prefill-attention-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        path.write_text(json.dumps({"info": info, "load": sysinfo.load(), "cases": rows}, indent=1))
-        print(f"wrote {path}")
+        sysinfo.write_result(args.out, "probe-prefill-attention", {"info": info, "load": sysinfo.load(), "cases": rows})
 
 
 if __name__ == "__main__":

@@ -16,10 +16,8 @@ LM head), each with its own weight, so weights stream from memory as in a real s
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -138,9 +136,7 @@ def main() -> None:
               "sdpa": probe_sdpa(args.sdpa_tokens), "bandwidth_gbs": round(sysinfo.bandwidth_gbs(), 1)}
     print(f"copy bandwidth {result['bandwidth_gbs']} GB/s")
     if args.out:
-        path = Path(args.out) / f"probe-products-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        path.write_text(json.dumps(result, indent=1))
-        print(f"wrote {path}")
+        sysinfo.write_result(args.out, "probe-products", result)
 
 
 if __name__ == "__main__":

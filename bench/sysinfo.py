@@ -3,6 +3,7 @@ and the same-run hardware ceilings the engine is measured against."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
@@ -72,6 +73,17 @@ def bandwidth_gbs(mbytes: int = 512, rounds: int = 5) -> float:
         dst.copy_(src)
         best = max(best, 2 * src.numel() * 4 / (time.perf_counter() - t) / 1e9)
     return best
+
+
+def write_result(out_dir: str | Path, stem: str, result: dict) -> Path:
+    """``result`` as ``out_dir/stem-YYYYmmdd-HHMMSS.json`` (the folder made if need be); prints
+    and returns the path. Every bench script publishes its JSON this way."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}")
+    return path
 
 
 def load() -> list[float]:

@@ -14,16 +14,23 @@ log = logging.getLogger(__name__)
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The first CPU's flags in /proc/cpuinfo (empty where there is none)."""
+def cpuinfo_field(name: str) -> str:
+    """The first CPU's ``name`` field in /proc/cpuinfo (``flags``, ``vendor_id``, ...); empty
+    where there is none."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "flags":
-                return frozenset(value.split())
+            if key.strip() == name:
+                return value.strip()
     except OSError:
         pass
-    return frozenset()
+    return ""
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The first CPU's flags in /proc/cpuinfo (empty where there is none)."""
+    return frozenset(cpuinfo_field("flags").split())
 
 
 def has_amx() -> bool:
@@ -37,19 +44,11 @@ def has_avx512() -> bool:
     return "avx512f" in cpu_flags()
 
 
-@functools.cache
 def cpu_vendor() -> str:
     """``GenuineIntel``, ``AuthenticAMD``, ... (empty where /proc/cpuinfo has none). MKL picks
     its kernels by vendor: on AMD its float32 products ran at half oneDNN's rate (probe JSON in
     bench/published/probe-products-*)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "vendor_id":
-                return value.strip()
-    except OSError:
-        pass
-    return ""
+    return cpuinfo_field("vendor_id")
 
 
 _M_TRIM_THRESHOLD = -1

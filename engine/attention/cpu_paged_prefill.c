@@ -30,18 +30,21 @@
 #define TILE 16
 #define MAX_GROUP 8
 
-static inline void widen_f32(const float *src, float *dst) {
-    for (int e = 0; e < TILE * HD; e += 16) _mm512_storeu_ps(dst + e, _mm512_loadu_ps(src + e));
+/* A block's 16 rows as float32: a float32 cache is read in place, a bfloat16 one widened into buf. */
+static inline const float *widen_f32(const float *src, float *buf) {
+    (void)buf;
+    return src;
 }
 
-static inline void widen_bf16(const uint16_t *src, float *dst) {
+static inline const float *widen_bf16(const uint16_t *src, float *buf) {
     for (int e = 0; e < TILE * HD; e += 16)
-        _mm512_storeu_ps(dst + e, _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_storeu_ps(buf + e, _mm512_castsi512_ps(_mm512_slli_epi32(
                                       _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + e))), 16)));
+    return buf;
 }
 
 /* One item: tokens t0 .. t0 + n - 1 of a chunk (positions pos0 + i), one KV head's group of g
- * query heads. qt/ot: [g][HD][TILE] scratch; kw/vw: [TILE][HD] widened block. */
+ * query heads. qt/ot: [g][HD][TILE] scratch; kw/vw: [TILE][HD] room for a widened block. */
 #define ITEM_BODY(KV, WIDEN)                                                                                      \
     const __m512 lane = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);                   \
     __m512 m[MAX_GROUP], l[MAX_GROUP];                                                                        \
@@ -53,8 +56,8 @@ static inline void widen_bf16(const uint16_t *src, float *dst) {
     for (int64_t p0 = 0; p0 <= last; p0 += TILE) {                                                            \
         const int64_t blk = table[p0 / block_size];                                                           \
         const int64_t at = (blk * block_size + p0 % block_size) * HD;                                         \
-        WIDEN((const KV *)kbase + at, kw);                                                                    \
-        WIDEN((const KV *)vbase + at, vw);                                                                    \
+        const float *kb = WIDEN((const KV *)kbase + at, kw);                                                  \
+        const float *vb = WIDEN((const KV *)vbase + at, vw);                                                  \
         const int np = last - p0 + 1 < TILE ? (int)(last - p0 + 1) : TILE;                                     \
         const int diagonal = p0 + TILE - 1 > pos0; /* some position here is after some token */              \
         for (int h = 0; h < g; ++h) {                                                                         \
@@ -63,7 +66,7 @@ static inline void widen_bf16(const uint16_t *src, float *dst) {
             for (int p = 0; p < TILE; ++p) s[p] = _mm512_setzero_ps();                                        \
             for (int d = 0; d < HD; ++d) {                                                                    \
                 const __m512 qv = _mm512_loadu_ps(qh + d * TILE);                                             \
-                for (int p = 0; p < TILE; ++p) s[p] = _mm512_fmadd_ps(qv, _mm512_set1_ps(kw[p * HD + d]), s[p]); \
+                for (int p = 0; p < TILE; ++p) s[p] = _mm512_fmadd_ps(qv, _mm512_set1_ps(kb[p * HD + d]), s[p]); \
             }                                                                                                 \
             __m512 mx = m[h];                                                                                 \
             for (int p = 0; p < TILE; ++p) {                                                                  \
@@ -84,7 +87,7 @@ static inline void widen_bf16(const uint16_t *src, float *dst) {
             float *oh = ot + h * HD * TILE;                                                                   \
             for (int d = 0; d < HD; ++d) {                                                                    \
                 __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(oh + d * TILE), alpha);                            \
-                for (int p = 0; p < np; ++p) acc = _mm512_fmadd_ps(s[p], _mm512_set1_ps(vw[p * HD + d]), acc); \
+                for (int p = 0; p < np; ++p) acc = _mm512_fmadd_ps(s[p], _mm512_set1_ps(vb[p * HD + d]), acc); \
                 _mm512_storeu_ps(oh + d * TILE, acc);                                                         \
             }                                                                                                 \
         }                                                                                                     \

@@ -120,7 +120,7 @@ class TorchAttentionBackend(AttentionBackend):
         return o.squeeze(0).transpose(0, 1).to(k_new.dtype)
 
     def _prefill_in_kernel(self, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-        """Whether prefill chunks go through the decode kernel (see the module docstring): only
+        """Whether prefill chunks go through the C prefill kernel (see the module docstring): only
         where it was measured faster. With AMX, bfloat16 SDPA is faster on long chunks."""
         return (self.prefill_kernel_fn is not None and self.prefill_kernel and q.device.type == "cpu"
                 and k_cache.dtype in self.kernel.KV_DTYPES and q.shape[-1] == 64

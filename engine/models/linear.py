@@ -20,8 +20,8 @@ only the summation order differs.
 Where a product has only a few rows it streams its weight, and two faster paths than the packed
 product exist, each measured on one CPU vendor (``float32_mkl_max_rows``, ``few_rows_kernel``): on Intel, float32 through
 MKL's own F.linear; on AMD with AVX-512, the C kernel ``engine/native/few_rows.c``, which reads
-the weight in place as one linear stream per output row (bfloat16 at 1 row: 7.6 vs 9.7 ms per
-model pass of 121 products, float32 13.7 vs 15.9; it loses from 8 rows).
+the weight in place as one linear stream per output row (per model pass of 121 products at 1
+row: bfloat16 7.5 vs 9.1 ms, float32 13.9 vs 16.5; bench/published/probe-products-20261124-043206.json).
 
 Unpacked (no oneDNN, another device, or ``pack()`` not called) it falls back to choosing the
 faster orientation of the MKL product: ``W @ x.T`` up to 256 rows, ``F.linear`` beyond.
@@ -52,9 +52,9 @@ INTEL_FLOAT32_MKL_MAX_ROWS = 2
 BF16_PRODUCTS_ENV = "TOKENMILL_BF16_PRODUCTS"  # "bfloat16" or "float32" overrides the measurement
 
 
-# On AMD with AVX-512, up to this many rows a product goes through few_rows.c (bench notes in
-# the README: bfloat16 1.27x oneDNN at 1-2 rows, 1.14x at 4, 0.93x at 8; float32 1.16-1.23x at
-# 1-2 rows, 1.06x at 4).
+# On AMD with AVX-512, up to this many rows a product goes through few_rows.c. It beat oneDNN
+# packed up to 4 rows in bfloat16 and 2 rows in float32 in every probe run of the final kernel
+# (JSON: bench/published/probe-products-20261124-043206.json); at 8 rows it lost in one run.
 AMD_FEW_ROWS_MAX = {torch.bfloat16: 4, torch.float32: 2}
 _FEW_ROWS_FN = {torch.float32: "few_rows_f32", torch.bfloat16: "few_rows_bf16"}
 
@@ -156,7 +156,6 @@ class Linear(nn.Linear):
             return False
         dtype = compute_dtype(self.weight.dtype)
         self.packed, self.packed_bias = self._packed_as(dtype)
-        self.few_rows_max, self.few_rows_fn = 0, None
         w = self.weight
         fn = few_rows_kernel(w.dtype) if dtype == w.dtype else None
         if fn is not None and self.bias is None and w.is_contiguous() and w.shape[1] % 32 == 0 and w.shape[0] % 16 == 0:

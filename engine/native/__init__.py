@@ -27,19 +27,16 @@ from pathlib import Path
 
 import torch  # loads torch's libgomp before any library here needs it
 
+from engine.host import cpuinfo_field
+
 log = logging.getLogger(__name__)
 
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-std=gnu11", "-shared", "-fPIC"]
 
 
 def cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return ""
+    """The CPU's flags as one string, for the build cache key (-march=native depends on them)."""
+    return cpuinfo_field("flags")
 
 
 def _build(compiler: str, source: Path, flags: list[str], target: Path) -> None:
@@ -132,7 +129,7 @@ FEW_ROWS_SOURCE = Path(__file__).with_name("few_rows.c")
 def few_rows() -> ctypes.CDLL | None:
     """``few_rows.c``: products of 1-8 rows with a weight read in place (AVX-512 only)."""
     # contraction into FMAs left on: the sums need not match torch's rounding
-    lib = load("few_rows", FEW_ROWS_SOURCE, (BF16_HEADER, AVX512_MATH_HEADER), [f for f in FLAGS if f != "-ffp-contract=off"])
+    lib = load("few_rows", FEW_ROWS_SOURCE, (AVX512_MATH_HEADER,), [f for f in FLAGS if f != "-ffp-contract=off"])
     if lib is None:
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
