@@ -109,13 +109,18 @@ class BlockManager:
 
         Called when the tokens are scheduled, before the forward pass: a request admitted
         later in the same step may map these blocks, which is safe because every layer
-        writes all of a step's keys and values before any attention reads them.
+        writes all of a step's keys and values before any attention reads them. Only blocks
+        past ``seq.num_registered_blocks`` are looked at, so a decode step costs O(1) here; a
+        block holding a token not sampled yet (async scheduling) waits for a later call.
         """
         if not self.enable_prefix_caching:
             return
-        num_full = min(num_tokens, seq.num_tokens) // self.block_size
+        num_full = min(num_tokens, seq.num_tokens - seq.num_pending_tokens) // self.block_size
+        first = seq.num_registered_blocks
+        if num_full <= first:
+            return
         self._ensure_hashes(seq, num_full)
-        for i in range(num_full):
+        for i in range(first, num_full):
             block = seq.block_table[i]
             if self.block_hashes[block] is not None:
                 continue
@@ -124,6 +129,13 @@ class BlockManager:
                 continue  # an identical block already serves this prefix
             self.block_hashes[block] = h
             self.hash_to_block[h] = block
+        seq.num_registered_blocks = num_full
+
+    def forget_sequences(self, seqs: Seq[Sequence]) -> None:
+        """Forget the blocks of sequences whose step failed; they publish them again once recomputed."""
+        for seq in seqs:
+            self.forget_blocks(seq.block_table)
+            seq.num_registered_blocks = 0
 
     def forget_blocks(self, block_ids: Seq[int]) -> None:
         """Drop the prefix-cache entries of blocks whose contents can no longer be trusted."""
@@ -157,6 +169,7 @@ class BlockManager:
                 del self.free_queue[block]
             self.ref_counts[block] += 1
         seq.block_table = list(cached_blocks)
+        seq.num_registered_blocks = len(cached_blocks)
         seq.num_computed_tokens = len(cached_blocks) * self.block_size
         allocated = self.allocate_slots(seq, num_new_tokens)
         assert allocated
@@ -165,11 +178,16 @@ class BlockManager:
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Make room for the next ``num_new_tokens`` tokens; False if the pool is too full."""
         total = seq.num_computed_tokens + num_new_tokens
-        need = self._target_blocks(seq, total) - len(seq.block_table)
-        if need > self.num_free_blocks:
+        table = seq.block_table
+        if total <= len(table) * self.block_size:  # the common decode step: room in the last block
+            if seq.num_registered_blocks < total // self.block_size:
+                self._register(seq, total)
+            return True
+        need = self._target_blocks(seq, total) - len(table)
+        if need > len(self.free_queue):
             return False
         for _ in range(need):
-            seq.block_table.append(self._pop_free_block())
+            table.append(self._pop_free_block())
         self._register(seq, total)
         return True
 
@@ -189,6 +207,7 @@ class BlockManager:
             self.ref_counts[block] += 1
         child.block_table = list(shared)
         child.block_hashes = list(parent.block_hashes[:full])
+        child.num_registered_blocks = min(full, parent.num_registered_blocks)
         child.num_computed_tokens = full * bs
         if computed % bs == 0 or self.num_free_blocks == 0:
             return None
@@ -206,6 +225,7 @@ class BlockManager:
                 if self.block_hashes[block] is None:
                     self.free_queue.move_to_end(block, last=False)
         seq.block_table = []
+        seq.num_registered_blocks = 0
 
     def reset_prefix_cache(self) -> None:
         self.forget_blocks(range(self.num_blocks))

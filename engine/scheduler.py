@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from engine.block_manager import BlockManager
 from engine.sequence import Sequence, SequenceStatus
@@ -22,11 +23,11 @@ from engine.stopping import StopConditions
 SCHEDULING_POLICIES = ("continuous", "static")
 
 
-@dataclass(frozen=True)
-class ScheduledSequence:
+class ScheduledSequence(NamedTuple):
     """One sequence's share of a step: its next ``num_new_tokens`` tokens, starting after the
     ``num_computed_tokens`` already in the KV cache. ``samples``: the step reaches its last
-    token, so its logits pick the next one (a prompt chunk short of the end does not)."""
+    token, so its logits pick the next one (a prompt chunk short of the end does not).
+    A named tuple: a thousand of them are built every step."""
 
     seq: Sequence
     num_new_tokens: int
@@ -44,6 +45,7 @@ class ScheduledBatch:
     items: list[ScheduledSequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     wants_prompt_logits: bool = False  # some sequence asks for prompt logprobs in this chunk
+    num_prompt_tokens: int = 0  # tokens of this step that (re)compute a prompt or a preempted output
 
     @property
     def seqs(self) -> list[Sequence]:
@@ -92,16 +94,20 @@ class Scheduler:
         chosen: list[tuple[Sequence, int]] = []
         budget = self.max_num_batched_tokens
         bm = self.block_manager
+        max_len = self.stop.max_model_len
 
         i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            num_new = min(seq.num_uncomputed_tokens, budget)
-            if num_new == 0:
-                i += 1
+        running = self.running
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            num_new = len(seq.token_ids) - seq.num_computed_tokens
+            if num_new == 0 or (seq.num_pending_tokens and self._ends_by_length(seq, max_len)):
+                i += 1  # nothing to compute, or the token in flight ends it: no step past its end
                 continue
+            if num_new > budget:
+                num_new = budget
             while not bm.allocate_slots(seq, num_new):
-                victim = self.running.pop()
+                victim = running.pop()
                 self._preempt(victim)
                 batch.preempted.append(victim)
                 if victim is seq:
@@ -113,13 +119,31 @@ class Scheduler:
 
         if not batch.preempted:
             self._admit(chosen, budget)
+        items = batch.items
+        prompt_tokens = 0
         for seq, num_new in chosen:
             computed = seq.num_computed_tokens
-            seq.num_computed_tokens += num_new
-            batch.items.append(ScheduledSequence(seq, num_new, computed, seq.num_computed_tokens == seq.num_tokens))
-            if seq.needs_prompt_logits:
-                batch.wants_prompt_logits = True
+            total = seq.num_computed_tokens = computed + num_new
+            items.append(ScheduledSequence(seq, num_new, computed, total == len(seq.token_ids)))
+            if num_new > 1 or computed < len(seq.prompt_token_ids) or seq.num_preemptions:
+                prompt_tokens += self._prompt_tokens(seq, computed, num_new)
+                if seq.needs_prompt_logits:
+                    batch.wants_prompt_logits = True
+        batch.num_prompt_tokens = prompt_tokens
         return batch
+
+    @staticmethod
+    def _prompt_tokens(seq: Sequence, computed: int, num_new: int) -> int:
+        """How many of these tokens compute the prompt (or, after a preemption, the outputs again)."""
+        left = seq.num_prompt_tokens - computed
+        if seq.num_preemptions:
+            left = seq.num_tokens - 1 - computed
+        return max(0, min(num_new, left))
+
+    @staticmethod
+    def _ends_by_length(seq: Sequence, max_model_len: int) -> bool:
+        """The sequence stops for length once its pending token lands (known before it does)."""
+        return seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= max_model_len
 
     def _admit(self, chosen: list[tuple[Sequence, int]], budget: int) -> None:
         """Move waiting sequences to running while the token budget, the batch size and the
@@ -131,6 +155,8 @@ class Scheduler:
             if self.policy == "static" and self._cohort_slots == 0:
                 break
             seq = self.waiting[0]
+            if seq.num_pending_tokens:
+                break  # preempted while its last token was in flight: admitted once it lands
             cached = bm.find_cached_prefix(seq)
             num_new = min(seq.num_tokens - len(cached) * bm.block_size, budget)
             if not bm.admit(seq, cached, num_new):
@@ -154,9 +180,14 @@ class Scheduler:
         (forked samples included) to its new token: append it, check the stop conditions, and
         finish and free the sequences it stops; returns those, in ``sampled``'s order."""
         finished = []
+        finish_reason = self.stop.finish_reason
         for seq, token in sampled.items():
-            seq.token_ids.append(token)
-            reason = self.stop.finish_reason(seq, token)
+            if seq.num_pending_tokens:
+                seq.token_ids[-1] = token  # the placeholder the next step was scheduled with
+                seq.num_pending_tokens = 0
+            else:
+                seq.token_ids.append(token)
+            reason = finish_reason(seq, token)
             if reason is not None:
                 self.finish(seq, reason)
                 finished.append(seq)

@@ -33,6 +33,10 @@ class Sequence:
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)
+    num_registered_blocks: int = 0  # leading blocks of block_table already offered to the prefix cache
+    # 1 while the last entry of token_ids is a placeholder for a token the device is still sampling
+    # (async scheduling); the engine writes the real token there before anything reads it.
+    num_pending_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     stop_text_end: int | None = None  # where a stop string starts in the output text

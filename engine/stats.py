@@ -36,12 +36,7 @@ class EngineStats:
         running = len(scheduler.running)
         self.running_seq_steps += running
         self.peak_running_seqs = max(self.peak_running_seqs, running)
-        for it in batch.items:
-            seq, computed = it.seq, it.num_computed_tokens
-            prompt_left = seq.num_prompt_tokens - computed
-            if seq.num_preemptions:
-                prompt_left = seq.num_tokens - 1 - computed  # recompute of outputs counts too
-            self.prompt_tokens_computed += max(0, min(it.num_new_tokens, prompt_left))
+        self.prompt_tokens_computed += batch.num_prompt_tokens  # recomputed outputs of preempted ones too
 
     def on_computed(self, scheduler: Scheduler, bm: BlockManager) -> None:
         """After the forward pass, before finished sequences free their blocks."""
