@@ -38,6 +38,9 @@ class EngineConfig:
     # True = eager. See engine/device_features.py.
     enforce_eager: bool | None = None
     compile: bool = False  # torch.compile the model
+    # Schedule and launch step t+1 while step t runs, its sampled tokens filled in on the device.
+    # None: on where the device runs apart from the host (CUDA), off on the CPU (nothing to overlap).
+    async_scheduling: bool | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:

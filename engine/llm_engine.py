@@ -15,7 +15,7 @@ from engine.host import tune_for_cpu
 from engine.logprobs import log_softmax, position_logprobs, prompt_logprobs_for_rows
 from engine.model_loader import eos_token_ids, load_config, load_model, load_tokenizer
 from engine.model_registry import resolve_model
-from engine.model_runner import ModelRunner, StepLogits
+from engine.model_runner import InFlightStep, ModelRunner, StepLogits
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
 from engine.request_intake import RequestError, RequestIntake, sampling_params
@@ -25,6 +25,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence
 from engine.stats import EngineStats
+from engine.step_inputs import PLACEHOLDER
 from engine.stopping import StopConditions
 from engine.structured_output import StructuredOutputBackend
 
@@ -69,6 +70,8 @@ class LLMEngine:
             config.seed,
         )
         self.requests: dict[str, RequestState] = {}
+        self.async_scheduling = config.async_scheduling if config.async_scheduling is not None else device != "cpu"
+        self._in_flight: InFlightStep | None = None  # the launched step whose tokens are not back yet
         # Test hook: called with the sequences of every forward pass; raising simulates a fault.
         self.fault_injector = None
 
@@ -116,11 +119,17 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One scheduler step and one forward pass; returns the requests it finished."""
+        if self.async_scheduling:
+            return self._step_overlapped()
         batch = self.scheduler.schedule()
         self.stats_tracker.on_schedule(batch, self.scheduler)
-        if not batch:
-            return []
         finished: list[RequestOutput] = []
+        if batch:
+            self._run_now(batch, finished)
+        return finished
+
+    def _run_now(self, batch: ScheduledBatch, finished: list[RequestOutput]) -> None:
+        """Run a scheduled step to the end: forward pass, prompt logprobs, forks, sampling, update."""
         step = self._execute_isolating_faults(batch, finished)
         self.stats_tracker.on_computed(self.scheduler, self.block_manager)
         for seq, first, rows in step.prompt:
@@ -128,9 +137,12 @@ class LLMEngine:
             entries = prompt_logprobs_for_rows(rows, seq.prompt_token_ids, first, k)
             self.requests[seq.request_id].prompt_logprobs[first + 1 : first + 1 + len(entries)] = entries
         if not step.sample_seqs:
-            return finished
+            return
         seqs, logits = self._fork(step.sample_seqs, step.logits)
-        tokens = self._sample(seqs, logits)
+        self._apply(seqs, self._sample(seqs, logits), finished)
+
+    def _apply(self, seqs: list[Sequence], tokens: list[int], finished: list[RequestOutput]) -> None:
+        """Hand a step's tokens to the scheduler; collect the requests that are now complete."""
         self.stats_tracker.decode_tokens += len(tokens)
         for seq in self.scheduler.update(dict(zip(seqs, tokens, strict=True))):
             state = self.requests[seq.request_id]
@@ -138,6 +150,58 @@ class LLMEngine:
             if state.finished:
                 finished.append(self.output_processor.build(state))
                 del self.requests[seq.request_id]
+
+    # ---- async scheduling -----------------------------------------------------------
+    def _step_overlapped(self) -> list[RequestOutput]:
+        """Schedule step t+1 and launch it while step t is still on the device.
+
+        Sequences that sampled in step t carry a placeholder as their last token; the scheduler
+        gives each its next position and the runner fills the placeholder from step t's tokens on
+        the device. Only then does the host wait for step t's tokens and apply them, so stop
+        conditions see real tokens: a sequence that stops at t has one wasted position in t+1,
+        whose token is dropped. A step that needs host state per token (grammars, logprobs,
+        prompt logprobs, forks) or a fault hook runs synchronously after step t is applied."""
+        finished: list[RequestOutput] = []
+        batch = self.scheduler.schedule()
+        self.stats_tracker.on_schedule(batch, self.scheduler)
+        previous, self._in_flight = self._in_flight, None
+        launched = None
+        if batch and self._overlappable(batch):
+            launched = self.runner.launch(batch, previous)
+            self.stats_tracker.on_computed(self.scheduler, self.block_manager)
+        if previous is not None:
+            self._collect(previous, finished)
+        if launched is not None:
+            for seq in launched.sample_seqs:
+                if not seq.is_finished:
+                    seq.token_ids.append(PLACEHOLDER)
+                    seq.num_pending_tokens = 1
+            self._in_flight = launched
+        elif batch:
+            batch.items = [it for it in batch.items if not it.seq.is_finished]  # stopped at step t
+            if batch:
+                self._run_now(batch, finished)
+        return finished
+
+    def _overlappable(self, batch: ScheduledBatch) -> bool:
+        if self.fault_injector is not None or batch.wants_prompt_logits:
+            return False
+        return all(
+            it.seq.matcher is None and it.seq.logprobs is None and not it.seq.pending_forks for it in batch.items
+        )
+
+    def _collect(self, step: InFlightStep, finished: list[RequestOutput]) -> None:
+        """Wait for a launched step's tokens and apply those of sequences still running."""
+        tokens = step.wait()
+        live = [(s, t) for s, t in zip(step.sample_seqs, tokens, strict=True) if not s.is_finished]
+        self._apply([s for s, _ in live], [t for _, t in live], finished)
+
+    def drain(self) -> list[RequestOutput]:
+        """Apply the step in flight, if any (async scheduling); returns what it finished."""
+        finished: list[RequestOutput] = []
+        previous, self._in_flight = self._in_flight, None
+        if previous is not None:
+            self._collect(previous, finished)
         return finished
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
@@ -145,8 +209,8 @@ class LLMEngine:
 
         An all-greedy step with no grammar and no logprobs takes the argmax where the logits
         are (the GPU) and copies only the token ids; anything else samples on the CPU."""
-        if all(s.params.greedy and s.matcher is None and s.logprobs is None for s in seqs):
-            return logits.argmax(dim=-1).tolist()
+        if all(s.matcher is None and s.logprobs is None for s in seqs):
+            return self.runner.sample_tokens(logits, seqs).tolist()
         logits = self.structured.apply_masks(logits.cpu(), [s.matcher for s in seqs])
         lp_rows = [i for i, s in enumerate(seqs) if s.logprobs is not None]
         raw = log_softmax(logits[lp_rows]) if lp_rows else None  # grammar-masked, before temperature/top-k/top-p
@@ -193,7 +257,7 @@ class LLMEngine:
             return self._run(batch)
         except Exception as batch_error:
             # Blocks published this step may hold keys that were never written.
-            self.block_manager.forget_blocks([b for s in batch.seqs for b in s.block_table])
+            self.block_manager.forget_sequences(batch.seqs)
             if len(batch.items) == 1:
                 self._fail(batch.items[0].seq, batch_error, finished)
                 return StepLogits()

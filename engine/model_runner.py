@@ -6,15 +6,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.attention import AttentionBackend, AttentionMetadata
+from engine.attention import AttentionBackend
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.cuda_profile import profile_cuda_blocks
 from engine.device_features import DeviceFeatures
+from engine.device_sampler import sample_on_device
 from engine.kv_cache import allocate_kv_pool, blocks_from_budget, bytes_per_block
 from engine.models.llama import LlamaForCausalLM
+from engine.sampler import sample
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
+from engine.step_inputs import StepInputs, build_step_inputs
 
 
 @dataclass
@@ -36,12 +39,23 @@ class StepLogits:
         )
 
 
-def prompt_logit_positions(seq: Sequence, computed: int, num_new: int) -> range:
-    """Positions of this chunk whose logits give a prompt logprob (position p scores token p + 1)."""
-    if not seq.needs_prompt_logits:
-        return range(0)
-    first = max(computed, seq.params.prompt_logprobs_start - 1)
-    return range(first, min(computed + num_new, seq.num_prompt_tokens - 1))
+@dataclass
+class InFlightStep:
+    """A launched step whose tokens are still on their way back (async scheduling)."""
+
+    batch: ScheduledBatch
+    sample_seqs: list[Sequence]
+    rows: dict[Sequence, int]  # sequence -> its row of ``tokens``
+    tokens: torch.Tensor  # int64 token ids on the device, one per sampling sequence
+    host: torch.Tensor  # their host copy (pinned on CUDA), valid once ``wait`` returns
+    event: object | None  # torch.cuda.Event recorded after the copy, None on the CPU
+    device_sync: object  # a callable the wait also goes through (the bench's simulated device)
+
+    def wait(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()
+        self.device_sync()
+        return self.host.tolist()
 
 
 class ModelRunner:
@@ -90,87 +104,64 @@ class ModelRunner:
             attn.k_cache = kv_pool[0, i] if kv_pool is not None else None
             attn.v_cache = kv_pool[1, i] if kv_pool is not None else None
 
-    def prepare(self, batch: ScheduledBatch):
-        """Build the step's tensors. Decodes go first so backends can batch them."""
-        decodes = [it for it in batch.items if it.num_new_tokens == 1 and it.num_computed_tokens > 0]
-        others = [it for it in batch.items if not (it.num_new_tokens == 1 and it.num_computed_tokens > 0)]
-        ordered = decodes + others
-        bs = self.block_size
-        query_lens = [it.num_new_tokens for it in ordered]
-        context_lens = [it.num_computed_tokens for it in ordered]
-        seq_lens = [c + n for c, n in zip(context_lens, query_lens, strict=True)]
-        input_ids: list[int] = []
-        for it in ordered:
-            c = it.num_computed_tokens
-            input_ids.extend(it.seq.token_ids[c : c + it.num_new_tokens])
-        max_blocks = max(-(-sl // bs) for sl in seq_lens)
-        tables = [
-            it.seq.block_table[:max_blocks] + [0] * (max_blocks - len(it.seq.block_table[:max_blocks]))
-            for it in ordered
-        ]
+    def prepare(self, batch: ScheduledBatch, previous: InFlightStep | None = None) -> StepInputs:
+        """The step's tensors on the device (placeholders filled from ``previous``'s tokens)."""
+        if previous is None:
+            return build_step_inputs(batch, self.block_size, self.device)
+        return build_step_inputs(batch, self.block_size, self.device, previous.rows, previous.tokens)
 
-        dev = self.device
-        q_lens = torch.tensor(query_lens, dtype=torch.int64)
-        ctx = torch.tensor(context_lens, dtype=torch.int64)
-        qsl = torch.zeros(len(ordered) + 1, dtype=torch.int64)
-        torch.cumsum(q_lens, 0, out=qsl[1:])
-        seq_index = torch.repeat_interleave(torch.arange(len(ordered)), q_lens)
-        positions = torch.arange(int(qsl[-1])) - (qsl[:-1] - ctx)[seq_index]
-        block_tables = torch.tensor(tables, dtype=torch.int64)
-        slot_mapping = block_tables[seq_index, positions // bs] * bs + positions % bs
-
-        sample_rows = [i for i, it in enumerate(ordered) if it.samples]
-        indices = (qsl[1:][sample_rows] - 1).tolist()
-        prompt_rows = []
-        for i, it in enumerate(ordered if batch.wants_prompt_logits else ()):
-            c = it.num_computed_tokens
-            wanted = prompt_logit_positions(it.seq, c, it.num_new_tokens)
-            if wanted:
-                start = int(qsl[i]) - c  # flat row of position 0 of this sequence
-                indices.extend(range(start + wanted.start, start + wanted.stop))
-                prompt_rows.append((it.seq, wanted.start, len(wanted)))
-        logits_indices = torch.tensor(indices, dtype=torch.int64)
-        meta = AttentionMetadata(
-            query_start_loc=qsl.to(dev, torch.int32),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(dev),
-            context_lens=ctx.to(dev, torch.int32),
-            slot_mapping=slot_mapping.to(dev),
-            block_tables=block_tables.to(dev, torch.int32),
-            block_size=bs,
-            num_decodes=len(decodes),
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
-            query_lens_host=query_lens,
-            seq_lens_host=seq_lens,
-            context_lens_host=context_lens,
-        )
-        sample_seqs = [ordered[i].seq for i in sample_rows]
-        return (
-            torch.tensor(input_ids, dtype=torch.int64).to(dev),
-            positions.to(dev),
-            meta,
-            logits_indices.to(dev),
-            sample_seqs,
-            prompt_rows,
-        )
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        meta = inputs.meta
+        if self.decode_graphs is not None and self.decode_graphs.can_run(meta):
+            return self.decode_graphs.run(inputs.input_ids, inputs.positions, meta, inputs.logits_indices)
+        return self.model(inputs.input_ids, inputs.positions, meta, inputs.logits_indices)
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> StepLogits:
         """Run one forward pass; the LM head runs only on the rows that sample or give a
         prompt logprob."""
-        input_ids, positions, meta, logits_indices, sample_seqs, prompt_rows = self.prepare(batch)
-        if self.decode_graphs is not None and self.decode_graphs.can_run(meta):
-            logits = self.decode_graphs.run(input_ids, positions, meta, logits_indices)
-        else:
-            logits = self.model(input_ids, positions, meta, logits_indices)
+        inputs = self.prepare(batch)
+        logits = self._forward(inputs)
+        self.device_sync()
         # Sampling rows stay on the device: a greedy step then copies token ids, not
         # [rows, vocab] floats (131 MB a step at 256 rows of a 128k vocabulary).
-        out = StepLogits(sample_seqs, logits[: len(sample_seqs)])
-        row = len(sample_seqs)
-        for seq, first, count in prompt_rows:
+        n = len(inputs.sample_seqs)
+        out = StepLogits(inputs.sample_seqs, logits[:n])
+        row = n
+        for seq, first, count in inputs.prompt_rows:
             out.prompt.append((seq, first, logits[row : row + count].cpu()))
             row += count
         return out
+
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch, previous: InFlightStep | None) -> InFlightStep:
+        """Enqueue a step whose sampling needs no host state (no grammar, logprobs or forks):
+        inputs, forward pass and sampling all go to the device, and the token ids start their
+        copy back; nothing here waits for the device."""
+        inputs = self.prepare(batch, previous)
+        logits = self._forward(inputs)
+        tokens = self.sample_tokens(logits, inputs.sample_seqs)
+        host = tokens
+        event = None
+        if tokens.is_cuda:
+            host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            host.copy_(tokens, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        rows = {seq: i for i, seq in enumerate(inputs.sample_seqs)}
+        return InFlightStep(batch, inputs.sample_seqs, rows, tokens, host, event, self.device_sync)
+
+    def sample_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Token ids where the logits are: the device sampler on a GPU, the CPU sampler's
+        per-request generators on the CPU (both argmax for greedy rows)."""
+        if logits.is_cuda or all(s.params.greedy for s in seqs):
+            return sample_on_device(logits, seqs)
+        return torch.tensor(sample(logits, [s.params for s in seqs], [s.generator for s in seqs]))
+
+    @staticmethod
+    def device_sync() -> None:
+        """Where a step waits for its device work beyond the token copy's event (a simulated
+        device in the host-overhead bench replaces this)."""
 
     @torch.inference_mode()
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:

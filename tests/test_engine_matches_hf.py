@@ -48,10 +48,13 @@ def real_case(default_model_dir):
     return prompts, hf_greedy(default_model_dir, prompts, 20)
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_tiny_llama_matches_hf(tiny_model_dir, tiny_case, name):
+def test_tiny_llama_matches_hf(tiny_model_dir, tiny_case, name, async_scheduling):
+    """Async scheduling (step t+1 scheduled with placeholders for step t's tokens) gives the same
+    tokens as HF in every mode, preemption of sequences whose token is in flight included."""
     prompts, refs = tiny_case
-    cfg = dict(num_kv_blocks=256, max_num_seqs=16) | CONFIGS[name]
+    cfg = dict(num_kv_blocks=256, max_num_seqs=16, async_scheduling=async_scheduling) | CONFIGS[name]
     check(LLM(str(tiny_model_dir), **cfg), prompts, refs, name, 24)
 
 

@@ -1,0 +1,130 @@
+"""One scheduled step as flat tensors, sent to the device in one copy.
+
+Every integer a step needs (token ids, positions, slots, lengths, block tables, the rows the LM
+head reads, the placeholder fills) is built on the host with whole-tensor ops, packed into one
+int64 buffer (pinned on CUDA) and copied with one non-blocking transfer; the device side only
+slices and casts views of it. A pageable copy would block the host until the device had drained
+the step in flight, which is exactly the wait async scheduling removes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import chain
+
+import torch
+
+from engine.attention import AttentionMetadata
+from engine.scheduler import ScheduledBatch
+from engine.sequence import Sequence
+
+PLACEHOLDER = -1  # token id standing for a token the device is still sampling
+
+
+@dataclass
+class StepInputs:
+    """What the model reads for one step, plus which rows of its output go where."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # flat rows the LM head runs on: sampling rows first, then prompt rows
+    sample_seqs: list[Sequence] = field(default_factory=list)
+    prompt_rows: list[tuple[Sequence, int, int]] = field(default_factory=list)  # (seq, first position, count)
+
+
+def prompt_logit_positions(seq: Sequence, computed: int, num_new: int) -> range:
+    """Positions of this chunk whose logits give a prompt logprob (position p scores token p + 1)."""
+    if not seq.needs_prompt_logits:
+        return range(0)
+    first = max(computed, seq.params.prompt_logprobs_start - 1)
+    return range(first, min(computed + num_new, seq.num_prompt_tokens - 1))
+
+
+def build_step_inputs(
+    batch: ScheduledBatch, block_size: int, device: torch.device,
+    previous: dict[Sequence, int] | None = None, previous_tokens: torch.Tensor | None = None,
+) -> StepInputs:
+    """The step's tensors on ``device``. Decodes go first so backends can batch them.
+
+    ``previous`` maps each sequence that sampled in the step still in flight to its row of
+    ``previous_tokens`` (on the device): a placeholder fed this step is filled from there."""
+    items = batch.items
+    decodes = [it for it in items if it.num_new_tokens == 1 and it.num_computed_tokens > 0]
+    ordered = decodes + [it for it in items if not (it.num_new_tokens == 1 and it.num_computed_tokens > 0)] \
+        if len(decodes) < len(items) else decodes
+    query_lens = [it.num_new_tokens for it in ordered]
+    context_lens = [it.num_computed_tokens for it in ordered]
+    seq_lens = [c + n for c, n in zip(context_lens, query_lens, strict=True)]
+    nd = len(decodes)
+    input_ids = [it.seq.token_ids[it.num_computed_tokens] for it in decodes]
+    for it in ordered[nd:]:
+        c = it.num_computed_tokens
+        input_ids.extend(it.seq.token_ids[c : c + it.num_new_tokens])
+    num_tokens = len(input_ids)
+
+    fill_at: list[int] = []  # flat token rows holding a placeholder ...
+    fill_from: list[int] = []  # ... and the row of previous_tokens that fills each
+    if previous:
+        flat = 0
+        for it, n in zip(ordered, query_lens, strict=True):
+            seq = it.seq
+            if seq.num_pending_tokens and it.num_computed_tokens + n == len(seq.token_ids):
+                fill_at.append(flat + n - 1)
+                fill_from.append(previous[seq])
+            flat += n
+
+    bs = block_size
+    width = max(-(-sl // bs) for sl in seq_lens)
+    used = [it.seq.block_table if len(it.seq.block_table) <= width else it.seq.block_table[:width]
+            for it in ordered]
+    tables = torch.zeros(len(ordered), width, dtype=torch.int64)
+    lens = torch.tensor([len(t) for t in used], dtype=torch.int64)
+    tables[torch.arange(width) < lens[:, None]] = torch.tensor(list(chain.from_iterable(used)), dtype=torch.int64)
+    q_lens = torch.tensor(query_lens, dtype=torch.int64)
+    ctx = torch.tensor(context_lens, dtype=torch.int64)
+    qsl = torch.zeros(len(ordered) + 1, dtype=torch.int64)
+    torch.cumsum(q_lens, 0, out=qsl[1:])
+    if nd == len(ordered):
+        positions, slot_mapping = ctx, tables[torch.arange(nd), ctx // bs] * bs + ctx % bs
+    else:
+        seq_index = torch.repeat_interleave(torch.arange(len(ordered)), q_lens)
+        positions = torch.arange(num_tokens) - (qsl[:-1] - ctx)[seq_index]
+        slot_mapping = tables[seq_index, positions // bs] * bs + positions % bs
+
+    sample_rows = [i for i, it in enumerate(ordered) if it.samples]
+    indices = (qsl[1:][sample_rows] - 1).tolist()
+    prompt_rows = []
+    for i, it in enumerate(ordered if batch.wants_prompt_logits else ()):
+        c = it.num_computed_tokens
+        wanted = prompt_logit_positions(it.seq, c, it.num_new_tokens)
+        if wanted:
+            start = int(qsl[i]) - c  # flat row of position 0 of this sequence
+            indices.extend(range(start + wanted.start, start + wanted.stop))
+            prompt_rows.append((it.seq, wanted.start, len(wanted)))
+
+    parts = [torch.tensor(input_ids, dtype=torch.int64), positions, slot_mapping, qsl, ctx + q_lens, ctx,
+             tables.view(-1), torch.tensor(indices, dtype=torch.int64),
+             torch.tensor(fill_at, dtype=torch.int64), torch.tensor(fill_from, dtype=torch.int64)]
+    sizes = [p.numel() for p in parts]
+    packed = torch.cat(parts)
+    if device.type == "cuda":
+        packed = packed.pin_memory().to(device, non_blocking=True)
+    ids, pos, slots, qsl_d, lens_d, ctx_d, tables_d, idx_d, at_d, from_d = packed.split(sizes)
+    if fill_at:
+        ids = ids.index_copy(0, at_d, previous_tokens.index_select(0, from_d).to(torch.int64))
+    meta = AttentionMetadata(
+        query_start_loc=qsl_d.to(torch.int32),
+        seq_lens=lens_d.to(torch.int32),
+        context_lens=ctx_d.to(torch.int32),
+        slot_mapping=slots,
+        block_tables=tables_d.view(len(ordered), width).to(torch.int32),
+        block_size=bs,
+        num_decodes=nd,
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        query_lens_host=query_lens,
+        seq_lens_host=seq_lens,
+        context_lens_host=context_lens,
+    )
+    return StepInputs(ids, pos, meta, idx_d, [ordered[i].seq for i in sample_rows], prompt_rows)
