@@ -1,0 +1,269 @@
+"""Issue 26 on one GPU: synchronous vs async scheduling in the same process, on the summarisation
+job of the last GPU run (random weights in Llama-3.2-1B's shape, bfloat16, EOS ignored).
+
+    PYTHONPATH=$PWD python bench/gpu/gpu_async.py --out $OUT/gpu-async.json --requests 1024 256
+
+For each request count and engine setting one engine is built; after an untimed pass (Triton
+compiles) it runs timed passes alternating ``async_scheduling`` off and on (off, on, off, on), each
+on the same shifted prompts per pair so the tokens can be compared. Per step it records the host
+time of each part and the device time between CUDA events around the forward pass and sampling.
+Then an eager (no graphs, synchronous) engine gives the reference tokens, and a seeded-sampling
+pass checks that the device sampler gives the same tokens with async scheduling on and off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import LLAMA_1B, Recorder, build_model, device_meta  # noqa: E402
+from gpu_throughput import ceilings, floor_seconds, free  # noqa: E402
+
+from engine import LLM, SamplingParams  # noqa: E402
+
+CUDA = torch.cuda.is_available()  # --small runs the script on a CPU, without device timings
+
+
+class _NoEvent:
+    def record(self) -> None: ...
+
+    def elapsed_time(self, other) -> float:
+        return 0.0
+
+
+def event():
+    return torch.cuda.Event(enable_timing=True) if CUDA else _NoEvent()
+
+
+def sync() -> None:
+    if CUDA:
+        torch.cuda.synchronize()
+
+
+class Probe:
+    """Host seconds per part of a step and device milliseconds per launched forward pass."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.host = dict.fromkeys(("schedule", "prepare", "forward_launch", "wait", "apply"), 0.0)
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._wrap(engine.scheduler, "schedule", "schedule")
+        self._wrap(engine.runner, "prepare", "prepare")
+        self._wrap(engine, "_apply", "apply")
+        runner = engine.runner
+        forward = runner._forward
+
+        def timed_forward(inputs):
+            start, end = event(), event()
+            start.record()
+            t = time.perf_counter()
+            out = forward(inputs)
+            self.host["forward_launch"] += time.perf_counter() - t
+            end.record()
+            self.events.append((start, end))
+            return out
+
+        runner._forward = timed_forward
+        self._wrap_wait()
+
+    def _wrap(self, obj, name: str, key: str) -> None:
+        inner = getattr(obj, name)
+
+        def timed(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return inner(*a, **kw)
+            finally:
+                self.host[key] += time.perf_counter() - t
+
+        setattr(obj, name, timed)
+
+    def _wrap_wait(self) -> None:
+        """The time the host blocks on the device: the token copy (sync: inside _sample's .tolist)."""
+        eng = self.engine
+        collect, sample = eng._collect, eng._sample
+
+        def timed_collect(step, finished):
+            t = time.perf_counter()
+            tokens = step.wait()
+            self.host["wait"] += time.perf_counter() - t
+            step.wait = lambda: tokens
+            return collect(step, finished)
+
+        def timed_sample(seqs, logits):
+            t = time.perf_counter()
+            sync()
+            self.host["wait"] += time.perf_counter() - t
+            return sample(seqs, logits)
+
+        eng._collect, eng._sample = timed_collect, timed_sample
+
+    def reset(self) -> None:
+        self.host = dict.fromkeys(self.host, 0.0)
+        self.events = []
+
+    def result(self, wall: float, steps: int) -> dict:
+        sync()
+        device = [s.elapsed_time(e) for s, e in self.events]
+        host = {k: round(1e3 * v / max(steps, 1), 3) for k, v in self.host.items()}
+        host["other"] = round(1e3 * wall / max(steps, 1) - sum(host.values()), 3)
+        return {"steps": steps, "wall_ms_per_step": round(1e3 * wall / max(steps, 1), 3), "host_ms_per_step": host,
+                "host_ms_excluding_wait": round(sum(v for k, v in host.items() if k != "wait"), 3),
+                "device_ms_per_step_mean": round(statistics.mean(device), 3) if device else None,
+                "device_ms_per_step_median": round(statistics.median(device), 3) if device else None,
+                "device_busy_fraction": round(sum(device) / 1e3 / wall, 3) if device else None}
+
+
+def shifted(prompts, shift: int, vocab: int):
+    return [[(t + shift) % vocab for t in p] for p in prompts]
+
+
+def run_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, ceil: dict) -> dict:
+    t0 = time.perf_counter()
+    llm = LLM(str(model_dir), **settings)
+    startup = time.perf_counter() - t0
+    eng = llm.engine
+    vocab = eng.runner.model.config.vocab_size
+    params = [SamplingParams(max_tokens=b, temperature=0, ignore_eos=True) for b in budgets]
+    eng.async_scheduling = True
+    llm.generate(shifted(prompts, 1, vocab), params)  # untimed: compiles every Triton variant
+    eng.async_scheduling = False
+    llm.generate(shifted(prompts, 2, vocab), params)
+    probe = Probe(eng)
+    graphs = eng.runner.decode_graphs
+    passes, tokens = [], {}
+    for pair in range(pairs):
+        for mode in (False, True):
+            eng.async_scheduling = mode
+            probe.reset()
+            steps0, graph0 = eng.stats()["steps"], graphs.steps if graphs else 0
+            batch = shifted(prompts, 10 + pair, vocab)  # same prompts for both modes of a pair
+            eng.block_manager.reset_prefix_cache()
+            sync()
+            t = time.perf_counter()
+            outs = llm.generate(batch, params)
+            sync()
+            wall = time.perf_counter() - t
+            steps = eng.stats()["steps"] - steps0
+            out_tokens = sum(len(o.token_ids) for o in outs)
+            tokens[(pair, mode)] = [o.token_ids for o in outs]
+            n_params = sum(p.numel() for p in eng.runner.model.parameters())
+            cfg = eng.runner.model.config
+            kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * eng.runner.model.head_dim * 2
+            floor = floor_seconds(prompts, budgets, steps, n_params, kv_per_token, ceil)
+            rec = {"pair": pair, "async": mode, "wall_s": round(wall, 4), "output_tokens": out_tokens,
+                   "expected_output_tokens": sum(budgets), "output_tok_per_s": round(out_tokens / wall, 1),
+                   "errors": sum(o.error is not None for o in outs), "floor_s": round(floor["floor_s"], 4),
+                   "fraction_of_floor": round(floor["floor_s"] / wall, 4),
+                   "graph_steps": (graphs.steps - graph0) if graphs else 0,
+                   "graph_coverage": round(((graphs.steps - graph0) if graphs else 0) / max(steps, 1), 4)}
+            rec |= probe.result(wall, steps)
+            passes.append(rec)
+            print(f"  {settings} pair {pair} async={mode}: {wall:.3f}s {rec['output_tok_per_s']:.0f} tok/s "
+                  f"floor {rec['fraction_of_floor']:.0%} steps {steps} graphs {rec['graph_coverage']:.0%} "
+                  f"host {rec['host_ms_per_step']} device {rec['device_ms_per_step_mean']} ms", flush=True)
+    identical = sum(a == b for pair in range(pairs) for a, b in zip(tokens[(pair, False)], tokens[(pair, True)], strict=True))
+    ratios = [next(p["wall_s"] for p in passes if p["pair"] == k and not p["async"])
+              / next(p["wall_s"] for p in passes if p["pair"] == k and p["async"]) for k in range(pairs)]
+    res = {"settings": settings, "startup_s": round(startup, 2), "passes": passes,
+           "sync_over_async_wall_ratio_per_pair": [round(r, 4) for r in ratios],
+           "sync_over_async_median": round(statistics.median(ratios), 4),
+           "async_vs_sync_identical_prompts": identical, "compared_prompts": pairs * len(prompts),
+           "graph_capture_s": graphs.capture_seconds if graphs else None}
+    ref = (tokens[(0, False)], tokens[(0, True)])
+    del llm, eng, probe, graphs
+    free()
+    return res | {"_tokens_pair0": ref}
+
+
+def eager_reference(model_dir: Path, prompts, budgets, settings: dict, refs) -> dict:
+    llm = LLM(str(model_dir), **(settings | {"enforce_eager": True, "async_scheduling": False}))
+    vocab = llm.engine.runner.model.config.vocab_size
+    params = [SamplingParams(max_tokens=b, temperature=0, ignore_eos=True) for b in budgets]
+    t = time.perf_counter()
+    outs = llm.generate(shifted(prompts, 10, vocab), params)
+    wall = time.perf_counter() - t
+    out = {"eager_sync_wall_s": round(wall, 3), "prompts": len(prompts)}
+    for name, ref_tokens in zip(("graph_sync", "graph_async"), refs, strict=True):
+        out[f"identical_to_{name}"] = sum(o.token_ids == r for o, r in zip(outs, ref_tokens, strict=True))
+        first = [next((j for j, (x, y) in enumerate(zip(o.token_ids, r, strict=False)) if x != y), None)
+                 for o, r in zip(outs, ref_tokens, strict=True)]
+        out[f"first_diff_steps_{name}"] = [d for d in first if d is not None][:40]
+    del llm
+    free()
+    return out
+
+
+def seeded_check(model_dir: Path, prompts, settings: dict) -> dict:
+    """Device sampler: the same seeds give the same tokens with async on and off, and alone."""
+    llm = LLM(str(model_dir), **settings)
+    vocab = llm.engine.runner.model.config.vocab_size
+    params = [SamplingParams(max_tokens=32, temperature=0.8, top_p=0.95, top_k=50, seed=i, ignore_eos=True)
+              for i in range(len(prompts))]
+    got = {}
+    for mode in (False, True):
+        llm.engine.async_scheduling = mode
+        got[mode] = [o.token_ids for o in llm.generate(shifted(prompts, 3, vocab), params)]
+    alone = [o.token_ids for o in llm.generate(shifted(prompts[:8], 3, vocab), params[:8])]
+    del llm
+    free()
+    return {"prompts": len(prompts), "async_equals_sync": sum(a == b for a, b in zip(got[False], got[True], strict=True)),
+            "batch_of_8_equals_full_batch": sum(a == b for a, b in zip(alone, got[True][:8], strict=True)),
+            "distinct_first_tokens": len({t[0] for t in got[True]})}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--requests", type=int, nargs="+", default=[1024, 256])
+    ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--workload", type=Path, default=Path(__file__).with_name("summ-1024.json"))
+    ap.add_argument("--small", action="store_true", help="a tiny model (to try the script on a CPU)")
+    args = ap.parse_args()
+    rec = Recorder(args.out, device_meta() | {"script": "bench/gpu/gpu_async.py", "argv": sys.argv[1:]})
+    wl = json.loads(args.workload.read_text())
+    shape = dict(LLAMA_1B) | (dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32) if args.small else {})
+    model_dir = rec.run("build-1b", lambda: build_model(Path(tempfile.mkdtemp()) / "llama-1b-shape",
+                                                         "cuda" if CUDA else "cpu", dtype=torch.bfloat16, **shape))
+    ceil = (rec.run("ceilings", ceilings) if CUDA else None) or {"copy_tb_per_s": 4.3, "bf16_matmul_tflops": 790.0}
+    base = dict(dtype="bfloat16", max_model_len=4096)
+    tuned = base | dict(max_num_seqs=512, max_num_batched_tokens=8192)
+    for n in args.requests:
+        prompts, budgets = wl["prompts"][:n], wl["max_tokens"][:n]
+        for name, settings in (("tuned", tuned), ("defaults", base)):
+            if name == "defaults" and n != args.requests[-1]:
+                continue
+            res = rec.run(f"{name}/{n}", lambda s=settings, p=prompts, b=budgets: run_setting(model_dir, p, b, s, args.pairs, ceil))
+            if res and name == "tuned" and n == args.requests[0]:
+                ref = res.pop("_tokens_pair0")
+                rec.run(f"eager-reference/{n}", lambda r=ref, s=settings, p=prompts, b=budgets: eager_reference(model_dir, p, b, s, r))
+            elif res:
+                res.pop("_tokens_pair0", None)
+            free()  # a failed section leaves its engine to the collector
+    # float32: a bfloat16 model's logits move with the batch's shape, and so would any sample
+    rec.run("seeded-device-sampler", lambda: seeded_check(model_dir, wl["prompts"][:64], tuned | {"dtype": "float32"}))
+    rec.path.write_text(json.dumps(rec.data, indent=1, default=str))
+    print("\nSUMMARY gpu_async")
+    for name, e in rec.data["sections"].items():
+        r = e.get("result") if e["ok"] else None
+        if isinstance(r, dict) and "passes" in r:
+            for p in r["passes"]:
+                print(f"  {name:16s} pair {p['pair']} async={p['async']!s:5s} {p['wall_s']:7.3f}s "
+                      f"{p['output_tok_per_s']:8.0f} tok/s floor {p['fraction_of_floor']:.0%} graphs {p['graph_coverage']:.0%} "
+                      f"host {p['host_ms_excluding_wait']} ms device {p['device_ms_per_step_mean']} ms wall {p['wall_ms_per_step']} ms")
+            print(f"  {name:16s} sync/async median {r['sync_over_async_median']}  identical {r['async_vs_sync_identical_prompts']}/{r['compared_prompts']}")
+        else:
+            print(f"  {name:16s} {'ok' if e['ok'] else 'FAILED ' + e.get('error', '')[:160]} ({e['seconds']}s) {str(r)[:200] if r else ''}")
+
+
+if __name__ == "__main__":
+    main()
