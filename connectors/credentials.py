@@ -13,6 +13,8 @@ import os
 import re
 from typing import Any
 
+from connectors.redaction import remember
+
 # Key names that hold credentials in fsspec/s3fs/gcsfs/adlfs options (substring match).
 _SENSITIVE = ("key", "secret", "token", "password", "passwd", "credential", "session", "sas", "auth", "signature")
 _ENV_REF = re.compile(r"^\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}$")
@@ -45,7 +47,20 @@ def resolve_references(options: Any, where: str = "storage_options") -> Any:
     value = os.environ.get(name)
     if value is None:
         raise CredentialError(f"{where} refers to ${{env:{name}}}, which is not set in this process's environment")
+    remember(value, name)  # whatever reads it back from here on sees the reference, not the value
     return value
+
+
+def remember_literals(options: Any, name: str = "") -> None:
+    """Redact from now on the literal credentials in ``options`` (strings under credential key names)."""
+    if isinstance(options, dict):
+        for key, value in options.items():
+            remember_literals(value, str(key))
+    elif isinstance(options, list):
+        for value in options:
+            remember_literals(value, name)
+    elif isinstance(options, str) and is_sensitive(name) and env_reference(options) is None:
+        remember(options, "")
 
 
 def literal_credentials(options: Any, where: str = "storage_options") -> list[str]:

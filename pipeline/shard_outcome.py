@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from connectors.redaction import redact
+
 
 class ShardState(StrEnum):
     QUEUED = "queued"
@@ -74,6 +76,10 @@ class ShardOutcome:
     part: str | None = None  # the shard's part id (connectors.ShardRef.part_id)
     engine: dict[str, Any] = field(default_factory=dict)  # the worker engine's counters at the end
     started_at: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        if self.reason:  # the reason goes to Redis, the manifest and status: no credential in it
+            self.reason = redact(self.reason)
 
     # ---- the Celery result / manifest form ---------------------------------------------------
     def to_result_dict(self) -> dict[str, Any]:

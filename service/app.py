@@ -45,6 +45,7 @@ def create_app(settings: ServiceSettings, runner: Runner | None = None) -> FastA
 
     app = FastAPI(title="tokenmill", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings, app.state.store, app.state.runner = settings, store, runner
+    app.state.spec_policy = settings.spec_policy()
     install_handlers(app)
     metrics.install(store)
     app.include_router(files_router)

@@ -24,6 +24,11 @@ class RecordsCollector(Collector):
     def __init__(self, store: Store) -> None:
         self.store = store
 
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The families without their values: registering reads no record."""
+        yield GaugeMetricFamily("tokenmill_server_batches", "", labels=["status"])
+        yield GaugeMetricFamily("tokenmill_server_jobs", "", labels=["status"])
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
         batches = Counter(b.status for b in self.store.all(BatchRecord))
         jobs = Counter(j.status for j in self.store.all(JobRecord))
@@ -46,5 +51,6 @@ def install(store: Store) -> None:
     global _installed
     if _installed is not None:
         REGISTRY.unregister(_installed)
+        _installed = None
     _installed = RecordsCollector(store)
     REGISTRY.register(_installed)

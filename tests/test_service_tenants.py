@@ -1,0 +1,105 @@
+"""A key holder is a tenant: what a spec posted to ``/v1/jobs`` may reach (issue 23, points 1-2).
+
+The canary variable goes through every storage-option field a library reads or echoes
+(endpoint URL, headers, key, secret, profile); no answer, record, plan or log line may
+carry its value, and the server's own storage and local files stay out of reach.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from tenant_support import CANARY, KEY_A, KEY_B, RecordingRunner, auth, client, settings_for, spec
+
+from connectors import StorageError, list_shards
+from connectors.redaction import redact
+from pipeline.shard_outcome import ShardOutcome, ShardState
+
+REF = "${env:CANARY_SECRET}"
+PLACES = {
+    "endpoint_url": {"endpoint_url": REF},
+    "client_kwargs.endpoint_url": {"client_kwargs": {"endpoint_url": REF}},
+    "headers": {"headers": {"Authorization": REF}},
+    "key": {"key": REF},
+    "secret": {"key": "AKIDTENANT", "secret": REF},
+    "profile": {"profile": REF},
+    "token": {"token": REF},
+}
+
+
+@pytest.fixture(autouse=True)
+def canary(monkeypatch):
+    monkeypatch.setenv("CANARY_SECRET", CANARY)
+
+
+def _everything_said(c, runner: RecordingRunner, caplog) -> str:
+    """Every answer a tenant can get back, every plan the runner got and every log line."""
+    said = [c.get("/v1/jobs", headers=auth(k)).text for k in (KEY_A, KEY_B)]
+    said += [repr(p.to_dict()) if hasattr(p, "to_dict") else repr(p) for p in runner.plans.values()]
+    return "\n".join([*said, caplog.text])
+
+
+@pytest.mark.parametrize("side", ["input", "output"])
+@pytest.mark.parametrize("place", list(PLACES))
+def test_a_spec_cannot_reference_a_variable_the_operator_did_not_allow(tmp_path, caplog, place, side):
+    caplog.set_level(logging.DEBUG)
+    runner = RecordingRunner()
+    c = client(settings_for(tmp_path), runner)
+    body = spec("s3://team-a/in/", "s3://team-a/out/", **{side: {"storage_options": PLACES[place]}})
+    answer = c.post("/v1/jobs", json=body, headers=auth(KEY_A))
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "credential_not_allowed" and error["param"].startswith(f"{side}.storage_options.")
+    assert not runner.plans
+    assert CANARY not in answer.text + _everything_said(c, runner, caplog)
+
+
+@pytest.mark.parametrize("place", ["endpoint_url", "client_kwargs.endpoint_url", "headers", "profile"])
+def test_an_allowed_variable_still_cannot_be_sent_where_the_spec_chooses(tmp_path, caplog, place):
+    """Allowed as a credential, a variable may not be an endpoint, a header or a profile name:
+    libraries echo those ("Invalid endpoint: <value>") or send them to the spec's host."""
+    runner = RecordingRunner()
+    c = client(settings_for(tmp_path, allowed_env=["CANARY_*"]), runner)
+    answer = c.post("/v1/jobs", json=spec("s3://team-a/in/", "s3://team-a/out/",
+                                          input={"storage_options": PLACES[place]}), headers=auth(KEY_A))
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "credential_not_allowed", answer.text
+    assert not runner.plans and CANARY not in answer.text + _everything_said(c, runner, caplog)
+
+
+def test_an_allowed_credential_goes_to_the_worker_as_a_reference(tmp_path, caplog):
+    runner = RecordingRunner()
+    c = client(settings_for(tmp_path, allowed_env=["CANARY_*"]), runner)
+    answer = c.post("/v1/jobs", json=spec("s3://team-a/in/", "s3://team-a/out/",
+                                          input={"storage_options": {"key": "AKIDTENANT", "secret": REF}}),
+                    headers=auth(KEY_A))
+    assert answer.status_code == 200, answer.text
+    (plan,) = runner.plans.values()
+    assert plan.storage_options == {"key": "AKIDTENANT", "secret": REF}  # resolved by the worker, never here
+    assert CANARY not in answer.text + _everything_said(c, runner, caplog)
+    assert c.get(f"/v1/jobs/{answer.json()['id']}", headers=auth(KEY_B)).status_code == 404
+
+
+def test_a_profile_must_be_one_the_operator_allows(tmp_path):
+    c = client(settings_for(tmp_path, allowed_profiles=["team-a"]))
+    ok = spec("s3://team-a/in/", "s3://team-a/out/", input={"storage_options": {"profile": "team-a"}})
+    assert c.post("/v1/jobs", json=ok, headers=auth(KEY_A)).status_code == 200
+    bad = spec("s3://team-a/in/", "s3://team-a/out/", input={"storage_options": {"profile": "prod-admin"}})
+    answer = c.post("/v1/jobs", json=bad, headers=auth(KEY_A))
+    assert answer.status_code == 400 and answer.json()["error"] == {
+        "message": "input.storage_options.profile: profile 'prod-admin' is not one this server allows "
+                   "(--allow-profile)", "type": "invalid_request_error", "param": "input.storage_options.profile",
+        "code": "credential_not_allowed"}
+
+
+def test_resolved_values_are_cut_from_storage_errors_logs_and_shard_reasons(caplog):
+    """The storage library echoes the endpoint it was given; what reaches a person is the reference."""
+    log = logging.getLogger("tokenmill.test")
+    with pytest.raises((StorageError, ValueError)) as caught:
+        list_shards("s3://bucket/in/", storage_options={"endpoint_url": REF})
+    assert CANARY not in redact(str(caught.value)) and REF in redact(f"Invalid endpoint: {CANARY}")
+    log.warning("opening failed: %s", caught.value, exc_info=caught.value)
+    assert CANARY not in caplog.text and REF in caplog.text
+    outcome = ShardOutcome(0, "s3://bucket/in/a.jsonl", ShardState.FAILED, reason=f"Invalid endpoint: {CANARY}")
+    assert outcome.reason == f"Invalid endpoint: {REF}"
+    assert CANARY not in str(StorageError(f"cannot open {CANARY}"))
