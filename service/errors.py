@@ -58,5 +58,6 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = "not_found" if exc.status_code == 404 else None
-        return JSONResponse(APIError(exc.status_code, str(exc.detail), code=code).body(), status_code=exc.status_code)
+        code = getattr(exc, "code", None) or ("not_found" if exc.status_code == 404 else None)
+        error = APIError(exc.status_code, str(exc.detail), param=getattr(exc, "param", None), code=code)
+        return JSONResponse(error.body(), status_code=exc.status_code)
