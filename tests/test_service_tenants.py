@@ -7,6 +7,7 @@ carry its value, and the server's own storage and local files stay out of reach.
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -103,3 +104,30 @@ def test_resolved_values_are_cut_from_storage_errors_logs_and_shard_reasons(capl
     outcome = ShardOutcome(0, "s3://bucket/in/a.jsonl", ShardState.FAILED, reason=f"Invalid endpoint: {CANARY}")
     assert outcome.reason == f"Invalid endpoint: {REF}"
     assert CANARY not in str(StorageError(f"cannot open {CANARY}"))
+
+
+def test_key_b_reaches_none_of_key_a_objects_through_any_route(tmp_path):
+    runner = RecordingRunner()
+    c = client(settings_for(tmp_path), runner)
+    a, b = auth(KEY_A), auth(KEY_B)
+    line = {"custom_id": "r", "method": "POST", "url": "/v1/completions", "body": {"model": "tiny-test", "prompt": "x"}}
+    upload = c.post("/v1/files", files={"file": ("in.jsonl", json.dumps(line).encode())}, data={"purpose": "batch"},
+                    headers=a).json()
+    batch = c.post("/v1/batches", json={"input_file_id": upload["id"], "endpoint": "/v1/completions",
+                                        "completion_window": "24h"}, headers=a).json()
+    job = c.post("/v1/jobs", json=spec("s3://team-a/in/", "s3://team-a/out/"), headers=a).json()
+    refused = [
+        c.get(f"/v1/files/{upload['id']}", headers=b), c.get(f"/v1/files/{upload['id']}/content", headers=b),
+        c.delete(f"/v1/files/{upload['id']}", headers=b), c.get(f"/v1/batches/{batch['id']}", headers=b),
+        c.post(f"/v1/batches/{batch['id']}/cancel", headers=b), c.get(f"/v1/jobs/{job['id']}", headers=b),
+        c.post(f"/v1/jobs/{job['id']}/cancel", headers=b),
+        c.post("/v1/batches", json={"input_file_id": upload["id"], "endpoint": "/v1/completions",
+                                    "completion_window": "24h"}, headers=b),
+    ]
+    assert [r.status_code for r in refused] == [404] * len(refused)
+    assert all(r.json()["error"]["code"] == "not_found" for r in refused)
+    for listing in ("/v1/files", "/v1/batches", "/v1/jobs"):
+        assert c.get(listing, headers=b).json()["data"] == []
+    assert c.get(f"/v1/files/{upload['id']}/content", headers=a).content == json.dumps(line).encode()
+    assert c.get(f"/v1/batches/{batch['id']}", headers=a).json()["status"] == "validating"
+    assert runner.states[job["id"]] == "queued"
