@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from typing import Any
 
-from connectors import part_id_of, read_manifest, write_bytes
+from connectors import is_transient, part_id_of, read_manifest, write_bytes
 from connectors.blobs import read_bytes
 from jobs.openai_merge import merge_lines
 from jobs.spec import JobSpec
@@ -24,7 +25,25 @@ from service.runners import Runner
 from service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
+MAX_BACKOFF_S = 60.0
 
+
+def is_outage(exc: BaseException) -> bool:
+    """A storage or broker error that a later try may not hit (network, timeout, 5xx, a Redis
+    restart): the batch waits and tries again, it does not fail."""
+    if is_transient(exc):
+        return True
+    try:
+        import redis
+
+        if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                            redis.exceptions.BusyLoadingError)):
+            return True
+    except ImportError:  # pragma: no cover - redis comes with the fleet extras
+        pass
+    from kombu.exceptions import OperationalError
+
+    return isinstance(exc, OperationalError)
 
 
 def batch_spec(batch: BatchRecord, store: Store, settings: ServiceSettings) -> JobSpec:
@@ -41,6 +60,7 @@ class BatchAdvancer:
     def __init__(self, store: Store, runner: Runner, settings: ServiceSettings) -> None:
         self.store, self.runner, self.settings = store, runner, settings
         self._stop = threading.Event()
+        self._retry: dict[str, tuple[int, float]] = {}  # batch id -> (outages in a row, next try at)
         self._thread = threading.Thread(target=self._loop, name="tokenmill-batch-advancer", daemon=True)
 
     def start(self) -> None:
@@ -57,17 +77,36 @@ class BatchAdvancer:
                 log.exception("batch advancer tick failed")
 
     def tick(self) -> None:
+        """One pass over the open batches and jobs. An outage (``is_outage``) while a batch
+        advances leaves it as it is and retries it with backoff; only another error fails it."""
         for batch in self.store.all(BatchRecord):
-            if batch.status not in BATCH_FINAL:
-                try:
-                    self.advance(batch.id)
-                except Exception as exc:
-                    log.exception("batch %s", batch.id)
-                    self._update(batch.id, status="failed", failed_at=now(),
-                                 errors=[{"code": "server_error", "message": f"{type(exc).__name__}: {exc}"}])
+            if batch.status in BATCH_FINAL or self._retry.get(batch.id, (0, 0.0))[1] > time.monotonic():
+                continue
+            try:
+                self.advance(batch.id)
+                self._retry.pop(batch.id, None)
+            except Exception as exc:
+                if is_outage(exc):
+                    self._back_off(batch.id, exc)
+                    continue
+                log.exception("batch %s", batch.id)
+                self._update(batch.id, status="failed", failed_at=now(),
+                             errors=[{"code": "server_error", "message": f"{type(exc).__name__}: {exc}"}])
         for job in self.store.all(JobRecord):
             if job.status not in JOB_FINAL:
-                self._refresh_job(job)
+                try:
+                    self._refresh_job(job)
+                except Exception as exc:
+                    if not is_outage(exc):
+                        raise
+                    log.warning("job %s: status not refreshed (%s: %s)", job.id, type(exc).__name__, exc)
+
+    def _back_off(self, batch_id: str, exc: BaseException) -> None:
+        outages = self._retry.get(batch_id, (0, 0.0))[0] + 1
+        delay = min(MAX_BACKOFF_S, self.settings.poll_s * 2 ** outages)
+        self._retry[batch_id] = (outages, time.monotonic() + delay)
+        log.warning("batch %s: %s: %s (outage %d in a row, next try in %.1f s)", batch_id, type(exc).__name__,
+                    exc, outages, delay)
 
     def _refresh_job(self, job: JobRecord) -> None:
         try:
