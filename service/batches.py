@@ -79,8 +79,8 @@ class BatchAdvancer:
     def tick(self) -> None:
         """One pass over the open batches and jobs. An outage (``is_outage``) while a batch
         advances leaves it as it is and retries it with backoff; only another error fails it."""
-        for batch in self.store.all(BatchRecord):
-            if batch.status in BATCH_FINAL or self._retry.get(batch.id, (0, 0.0))[1] > time.monotonic():
+        for batch in self.store.open(BatchRecord):
+            if self._retry.get(batch.id, (0, 0.0))[1] > time.monotonic():
                 continue
             try:
                 self.advance(batch.id)
@@ -92,7 +92,7 @@ class BatchAdvancer:
                 log.exception("batch %s", batch.id)
                 self._update(batch.id, status="failed", failed_at=now(),
                              errors=[{"code": "server_error", "message": f"{type(exc).__name__}: {exc}"}])
-        for job in self.store.all(JobRecord):
+        for job in self.store.open(JobRecord):
             if job.status not in JOB_FINAL:
                 try:
                     self._refresh_job(job)

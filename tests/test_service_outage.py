@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import time
 
 import redis
 from tenant_support import KEY_A, RecordingRunner, auth, client, settings_for
@@ -57,6 +58,7 @@ def _tick_until(advancer, store, batch_id, done, ticks=400) -> list[str]:
     seen = []
     read = store.get
     for _ in range(ticks):
+        time.sleep(0.005)  # the backoff is poll_s * 2^n: 1 ms, 2 ms, 4 ms...
         advancer.tick()
         seen.append(read(BatchRecord, batch_id).status)
         if done(seen[-1]):
