@@ -9,6 +9,7 @@ The same loop keeps the status of plain jobs fresh for the listings and metrics.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -20,7 +21,7 @@ from connectors.blobs import read_bytes
 from jobs.openai_merge import merge_lines
 from jobs.spec import JobSpec
 from pipeline.fleet import FINAL_STATES as JOB_FINAL
-from service.records import BATCH_FINAL, BatchRecord, FileRecord, JobRecord, Store, new_id, now
+from service.records import BATCH_FINAL, BatchRecord, FileRecord, JobRecord, Store, now
 from service.runners import Runner
 from service.settings import ServiceSettings
 
@@ -164,16 +165,23 @@ class BatchAdvancer:
         self._finalize(batch, cancelled=job["status"] == "cancelled")
 
     def _submit(self, batch: BatchRecord) -> None:
-        try:
-            plan = batch_spec(batch, self.store, self.settings).to_plan(batch.id)
-        except ValueError as exc:  # the request file no longer converts (validated at create)
-            self._update(batch.id, status="failed", failed_at=now(),
-                         errors=[{"code": "invalid_request", "message": str(exc)}])
-            return
-        job_id = self.runner.submit(plan)
+        """Submit the batch's job (its id is the batch's), unless a run of this loop that
+        crashed before recording it already did: then the live job is adopted, never
+        resubmitted over its own state."""
+        if self._runner_knows(batch.id):
+            job_id = batch.id
+        else:
+            try:
+                plan = batch_spec(batch, self.store, self.settings).to_plan(batch.id)
+            except ValueError as exc:  # the request file no longer converts (validated at create)
+                self._update(batch.id, status="failed", failed_at=now(),
+                             errors=[{"code": "invalid_request", "message": str(exc)}])
+                return
+            job_id = self.runner.submit(plan)
         with self.store.lock:  # a cancel may have come in while the job was being submitted
-            self.store.put(JobRecord(id=job_id, owner=batch.owner, kind=plan.kind, name=plan.name,
-                                     status="queued", batch_id=batch.id, output_url=batch.output_url))
+            if self.store.get(JobRecord, job_id) is None:
+                self.store.put(JobRecord(id=job_id, owner=batch.owner, kind="openai_batch", name="openai-batch",
+                                         status="queued", batch_id=batch.id, output_url=batch.output_url))
             cancelled = self.store.get(BatchRecord, batch.id).status == "cancelling"
             if cancelled:
                 self._update(batch.id, job_id=job_id)
@@ -181,6 +189,13 @@ class BatchAdvancer:
                 self._update(batch.id, job_id=job_id, status="in_progress", in_progress_at=now())
         if cancelled:
             self.runner.cancel(job_id)
+
+    def _runner_knows(self, job_id: str) -> bool:
+        try:
+            self.runner.status(job_id)
+        except KeyError:
+            return False
+        return True
 
     def _finalize(self, batch: BatchRecord, *, cancelled: bool) -> None:
         """Split the job's output lines into the output file and the error file."""
@@ -208,7 +223,9 @@ class BatchAdvancer:
         return [part_id_of(name) for name in names]
 
     def _result_file(self, batch: BatchRecord, which: str, lines: list[bytes]) -> str:
-        file_id = new_id("file-")
+        """The batch's output or error file. Its id follows from the batch's, so a finalize
+        repeated after a crash rewrites the same record instead of adding a second one."""
+        file_id = "file-" + hashlib.sha256(f"{batch.id}:{which}".encode()).hexdigest()[:24]
         data = b"".join(lines)
         url = self.store.content_url(file_id)
         write_bytes(url, data, self.settings.storage_options)
