@@ -77,10 +77,6 @@ class ShardOutcome:
     engine: dict[str, Any] = field(default_factory=dict)  # the worker engine's counters at the end
     started_at: float = field(default_factory=time.time)
 
-    def __post_init__(self) -> None:
-        if self.reason:  # the reason goes to Redis, the manifest and status: no credential in it
-            self.reason = redact(self.reason)
-
     # ---- the Celery result / manifest form ---------------------------------------------------
     def to_result_dict(self) -> dict[str, Any]:
         c = self.counts
@@ -113,6 +109,10 @@ class ShardOutcome:
     def is_final_state(data: dict[str, Any]) -> bool:
         """Whether a reported live state is a shard's end (``retrying`` is not)."""
         return data.get("state") in TERMINAL_STATES
+
+    def __post_init__(self) -> None:
+        if self.reason:  # the reason goes to Redis, the manifest and status: no credential in it
+            self.reason = redact(self.reason)
 
     @classmethod
     def from_state_dict(
