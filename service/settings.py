@@ -74,7 +74,7 @@ class ServiceSettings:
         from service.spec_policy import SpecPolicy
 
         return SpecPolicy(self.storage_url, tuple(self.allowed_env), tuple(self.allowed_profiles),
-                          tuple(self.allowed_url_prefixes), self.model)
+                          tuple(self.allowed_url_prefixes), self.model, tuple(self.engine_options.items()))
 
     def model_section(self) -> dict[str, Any]:
         """The ``[model]`` table of the job specs the server builds for batches."""

@@ -10,6 +10,8 @@ allows with ``--allow-env``, ``--allow-profile`` and ``--allowed-url-prefix``:
   must be an object store at its default endpoint: a spec never picks where a server
   credential is sent, nor an option that a library echoes back;
 - ``profile`` must be one of ``--allow-profile``;
+- ``[model]`` engine settings (memory, threads, batch sizes) are absent or equal to the
+  server's ``--engine-options``;
 - input and output URLs (and local files the spec reads) never lie inside the server's
   ``--storage`` nor contain it; with ``--allowed-url-prefix`` they must lie under one of
   those prefixes; without, only object-store URLs (s3, gs, az...) are accepted: local paths,
@@ -46,7 +48,7 @@ class Location:
 
     @classmethod
     def of(cls, url: str) -> Location:
-        protocol, _, path = url.rpartition("://") if "://" in url else ("file", "", url)
+        protocol, _, path = url.partition("://") if "://" in url else ("file", "", url)
         protocol = _ALIASES.get(protocol.lower(), protocol.lower())
         if protocol == "file":
             return cls("file", os.path.realpath(os.path.expanduser(path)).rstrip("/") or "/")
@@ -84,6 +86,7 @@ class SpecPolicy:
     allowed_profiles: tuple[str, ...] = ()
     allowed_url_prefixes: tuple[str, ...] = ()
     server_model: str = ""
+    engine_options: tuple[tuple[str, Any], ...] = ()  # the server's --engine-options
     _prefixes: tuple[Location, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -97,6 +100,7 @@ class SpecPolicy:
             self._check_url(spec.extract.schema_file, "extract.schema_file")
         if spec.model.path and Location.of(spec.model.path) != Location.of(self.server_model or "/"):
             self._check_url(spec.model.path, "model.path")
+        self._check_engine(spec.model.model_dump(exclude={"name", "path"}, exclude_none=True))
         self._check_options(reveal(spec.input.storage_options), "input.storage_options", spec.input.full_url)
         if spec.output.storage_options is not None:
             self._check_options(reveal(spec.output.storage_options), "output.storage_options", spec.output.url)
@@ -120,6 +124,17 @@ class SpecPolicy:
         elif where.protocol not in OBJECT_STORES:
             raise bad_request(f"{param}: {where.protocol} URLs and local paths are refused over HTTP unless the "
                               "server allows them with --allowed-url-prefix", param, "url_not_allowed")
+
+    def _check_engine(self, settings: dict[str, Any]) -> None:
+        """Engine settings size a worker's memory and threads: the operator's, not a team's
+        (``kv_cache_memory_gb = 1000`` would kill every worker the job reached)."""
+        allowed = dict(self.engine_options)
+        for key, value in settings.items():
+            if key not in allowed or allowed[key] != value:
+                shown = f"{allowed[key]!r}" if key in allowed else "not set"
+                raise bad_request(f"model.{key}: engine settings are the operator's (--engine-options; here "
+                                  f"{shown}); leave it out or give the same value", f"model.{key}",
+                                  "setting_not_allowed")
 
     def _check_options(self, options: dict[str, Any], where: str, url: str) -> None:
         leaves = list(_walk(options, where))

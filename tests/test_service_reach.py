@@ -74,3 +74,15 @@ def test_allowed_prefixes_confine_every_url_a_spec_names(tmp_path):
     assert _refused(c, spec("s3://team-a/in/", "s3://team-a/out/", model={"path": "/etc"}))["param"] == "model.path"
     schema_file = spec("s3://team-a/in/", "s3://team-a/out/", kind="extract", extract={"schema_file": "/etc/passwd"})
     assert _refused(c, schema_file)["param"] == "extract.schema_file"
+
+
+def test_engine_settings_are_the_operators(tmp_path):
+    """A team cannot size a worker's memory: kv_cache_memory_gb = 1000 would kill each worker it reached."""
+    c = client(settings_for(tmp_path, engine_options={"num_threads": 1, "max_num_seqs": 8}))
+    error = _refused(c, spec("s3://team/in/", "s3://team/out/", model={"kv_cache_memory_gb": 1000}))
+    assert (error["param"], error["code"]) == ("model.kv_cache_memory_gb", "setting_not_allowed")
+    assert _refused(c, spec("s3://team/in/", "s3://team/out/", model={"max_num_seqs": 512}))["message"] == (
+        "model.max_num_seqs: engine settings are the operator's (--engine-options; here 8); leave it out or "
+        "give the same value")
+    same = spec("s3://team/in/", "s3://team/out/", model={"num_threads": 1, "max_num_seqs": 8})
+    assert c.post("/v1/jobs", json=same, headers=auth(KEY_A)).status_code == 200
