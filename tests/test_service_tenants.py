@@ -13,9 +13,10 @@ import logging
 import pytest
 from tenant_support import CANARY, KEY_A, KEY_B, RecordingRunner, auth, client, settings_for, spec
 
-from connectors import StorageError, list_shards
+from connectors import StorageError, filesystem_for
 from connectors.redaction import redact
 from pipeline.shard_outcome import ShardOutcome, ShardState
+from service.errors import APIError
 
 REF = "${env:CANARY_SECRET}"
 PLACES = {
@@ -93,17 +94,28 @@ def test_a_profile_must_be_one_the_operator_allows(tmp_path):
         "code": "credential_not_allowed"}
 
 
-def test_resolved_values_are_cut_from_storage_errors_logs_and_shard_reasons(caplog):
-    """The storage library echoes the endpoint it was given; what reaches a person is the reference."""
+def test_resolved_credentials_are_cut_from_errors_logs_and_shard_reasons(caplog):
+    """Once a credential option resolved the canary in this process, every way text leaves shows
+    the reference: storage errors, log lines (tracebacks too), shard reasons, API errors."""
+    filesystem_for("s3://bucket/in/", {"key": "AKIDTENANT", "secret": REF})
+    assert CANARY not in redact(f"Invalid endpoint: {CANARY}") and REF in redact(f"Invalid endpoint: {CANARY}")
+    assert str(StorageError(f"cannot open s3://{CANARY}@bucket")) == f"cannot open s3://{REF}@bucket"
     log = logging.getLogger("tokenmill.test")
-    with pytest.raises((StorageError, ValueError)) as caught:
-        list_shards("s3://bucket/in/", storage_options={"endpoint_url": REF})
-    assert CANARY not in redact(str(caught.value)) and REF in redact(f"Invalid endpoint: {CANARY}")
-    log.warning("opening failed: %s", caught.value, exc_info=caught.value)
-    assert CANARY not in caplog.text and REF in caplog.text
+    try:
+        raise ValueError(f"Invalid endpoint: {CANARY}")
+    except ValueError as exc:
+        log.warning("opening failed: %s", exc, exc_info=True)
+    assert CANARY not in caplog.text and f"opening failed: Invalid endpoint: {REF}" in caplog.text
+    assert "raise ValueError" in caplog.text  # the traceback is there, redacted
     outcome = ShardOutcome(0, "s3://bucket/in/a.jsonl", ShardState.FAILED, reason=f"Invalid endpoint: {CANARY}")
     assert outcome.reason == f"Invalid endpoint: {REF}"
-    assert CANARY not in str(StorageError(f"cannot open {CANARY}"))
+    assert APIError(400, f"input error: {CANARY}").body()["error"]["message"] == f"input error: {REF}"
+
+
+def test_a_resolved_endpoint_or_folder_is_not_taken_for_a_secret(monkeypatch):
+    monkeypatch.setenv("TM_TEST_ENDPOINT_HOST", "http://minio.internal.example:9000")
+    filesystem_for("s3://bucket/in/", {"client_kwargs": {"endpoint_url": "${env:TM_TEST_ENDPOINT_HOST}"}})
+    assert redact("GET http://minio.internal.example:9000/bucket") == "GET http://minio.internal.example:9000/bucket"
 
 
 def test_key_b_reaches_none_of_key_a_objects_through_any_route(tmp_path):
