@@ -34,7 +34,8 @@ from service.errors import bad_request
 
 OBJECT_STORES = frozenset({"s3", "gs", "az", "abfs", "adl"})
 _ALIASES = {"s3a": "s3", "gcs": "gs", "abfss": "abfs", "local": "file"}
-_ENDPOINT_KEYS = frozenset({"endpoint_url", "endpoint", "host", "url", "account_url", "connection_string"})
+_ENDPOINT_KEYS = frozenset({"endpoint_url", "endpoint", "host", "url", "account_url", "connection_string", "proxies",
+                            "proxy", "proxy_url"})
 _GLOB = re.compile(r"[*?\[{]")
 _DOTDOT = re.compile(r"(^|[/\\])(\.\.|%2e%2e)([/\\]|$)", re.IGNORECASE)
 
@@ -156,5 +157,5 @@ class SpecPolicy:
             if endpoints or Location.of(url).protocol not in OBJECT_STORES:
                 path = endpoints[0] if endpoints else where
                 raise bad_request(f"{path}: a spec that uses the server's credentials may not choose where "
-                                  "they are sent: no endpoint or headers, object-store URLs only", path,
+                                  "they are sent: no endpoint, proxy or headers, object-store URLs only", path,
                                   "credential_not_allowed")

@@ -143,3 +143,17 @@ def test_key_b_reaches_none_of_key_a_objects_through_any_route(tmp_path):
     assert c.get(f"/v1/files/{upload['id']}/content", headers=a).content == json.dumps(line).encode()
     assert c.get(f"/v1/batches/{batch['id']}", headers=a).json()["status"] == "validating"
     assert runner.states[job["id"]] == "queued"
+
+
+@pytest.mark.parametrize("extra", [{"endpoint_url": "http://collector.example:9000"},
+                                   {"config_kwargs": {"proxies": {"https": "http://proxy.example:3128"}}},
+                                   {"client_kwargs": {"endpoint_url": "http://collector.example:9000"}}])
+def test_a_spec_using_a_server_credential_cannot_choose_its_route(tmp_path, extra):
+    """The credential itself sits where it may, but the spec names the host or proxy it goes to."""
+    runner = RecordingRunner()
+    c = client(settings_for(tmp_path, allowed_env=["CANARY_*"]), runner)
+    options = {"key": "AKIDTENANT", "secret": REF, **extra}
+    answer = c.post("/v1/jobs", json=spec("s3://team-a/in/", "s3://team-a/out/", input={"storage_options": options}),
+                    headers=auth(KEY_A))
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "credential_not_allowed"
+    assert not runner.plans
