@@ -13,6 +13,8 @@ import os
 import re
 from typing import Any
 
+from connectors.redaction import remember
+
 # Key names that hold credentials in fsspec/s3fs/gcsfs/adlfs options (substring match).
 _SENSITIVE = ("key", "secret", "token", "password", "passwd", "credential", "session", "sas", "auth", "signature")
 _ENV_REF = re.compile(r"^\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}$")
@@ -33,19 +35,36 @@ def env_reference(value: Any) -> str | None:
     return match.group(1) if match else None
 
 
-def resolve_references(options: Any, where: str = "storage_options") -> Any:
-    """A copy with every ``"${env:NAME}"`` replaced by ``$NAME`` from this process's environment."""
+def resolve_references(options: Any, where: str = "storage_options", key: str = "") -> Any:
+    """A copy with every ``"${env:NAME}"`` replaced by ``$NAME`` from this process's environment.
+    A value resolved under a credential option name is remembered for redaction (values under
+    other options, an endpoint or ``auto_mkdir = "${env:HOME}"``, are not secrets, and cutting
+    a home folder out of every later message would garble them)."""
     if isinstance(options, dict):
-        return {k: resolve_references(v, f"{where}.{k}") for k, v in options.items()}
+        return {k: resolve_references(v, f"{where}.{k}", str(k)) for k, v in options.items()}
     if isinstance(options, list):
-        return [resolve_references(v, f"{where}[{i}]") for i, v in enumerate(options)]
+        return [resolve_references(v, f"{where}[{i}]", key) for i, v in enumerate(options)]
     name = env_reference(options)
     if name is None:
         return options
     value = os.environ.get(name)
     if value is None:
         raise CredentialError(f"{where} refers to ${{env:{name}}}, which is not set in this process's environment")
+    if is_sensitive(key):
+        remember(value, name)  # whatever reads it back from here on sees the reference, not the value
     return value
+
+
+def remember_literals(options: Any, name: str = "") -> None:
+    """Redact from now on the literal credentials in ``options`` (strings under credential key names)."""
+    if isinstance(options, dict):
+        for key, value in options.items():
+            remember_literals(value, str(key))
+    elif isinstance(options, list):
+        for value in options:
+            remember_literals(value, name)
+    elif isinstance(options, str) and is_sensitive(name) and env_reference(options) is None:
+        remember(options, "")
 
 
 def literal_credentials(options: Any, where: str = "storage_options") -> list[str]:

@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.core import url_to_fs
 
-from connectors.credentials import CredentialError, resolve_references
+from connectors.credentials import CredentialError, remember_literals, resolve_references
+from connectors.redaction import redact
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class StorageError(Exception):
     """A storage object is missing, unreadable or denied; the message names the URL."""
 
     def __init__(self, message: str, url: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(redact(message))  # storage libraries echo the options they were given
         self.url = url
 
 
@@ -59,6 +60,7 @@ def filesystem_for(url: str, storage_options: dict | None = None) -> tuple[fsspe
     from $TOKENMILL_S3_ENDPOINT_URL is filled in when the caller gave none, so a
     fleet can be pointed at MinIO/moto without touching job specs.
     """
+    remember_literals(storage_options or {})
     try:
         options: dict[str, Any] = resolve_references(dict(storage_options or {}))
     except CredentialError as exc:

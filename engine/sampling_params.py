@@ -7,6 +7,13 @@ from typing import Any
 
 from engine.structured_output import StructuredOutput
 
+# One request may not take the engine from every other: the same bounds wherever a request
+# enters (batch lines, specs, /v1/jobs, the Python API, LLMEngine.add_request). OpenAI's own:
+MAX_N = 128  # samples of one prompt
+MAX_STOP = 4  # stop strings
+MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's top_logprobs)
+MAX_STOP_LENGTH = 1024  # characters of one stop string (matched against every step's text)
+
 
 @dataclass
 class SamplingParams:
@@ -52,18 +59,22 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if len(self.stop) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop strings, got {len(self.stop)}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
+            if len(s) > MAX_STOP_LENGTH:
+                raise ValueError(f"a stop string may be at most {MAX_STOP_LENGTH} characters, got {len(s)}")
         for t in self.stop_token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
                 raise ValueError(f"stop_token_ids must be non-negative integers, got {t!r}")
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be an integer from 1 to {MAX_N}, got {self.n!r}")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise ValueError(f"{name} must be None or an integer >= 0, got {v!r}")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be None or an integer from 0 to {MAX_LOGPROBS}, got {v!r}")
         start = self.prompt_logprobs_start
         if isinstance(start, bool) or not isinstance(start, int) or start < 1:
             raise ValueError(f"prompt_logprobs_start must be an integer >= 1, got {start!r}")

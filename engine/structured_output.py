@@ -3,13 +3,21 @@ shape of vLLM's ``StructuredOutputsParams``) and the xgrammar backend that enfor
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
+import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
+MAX_CONSTRAINT_CHARS = 100_000  # a schema, regex, grammar or the choices, as text
+COMPILE_TIMEOUT_S = 5.0  # a constraint that takes longer is its request's error, not a stalled engine
+MAX_ABANDONED = 2  # timed-out compiles still running; while there are this many, new ones are refused
+MAX_CACHED = 256  # compiled grammars kept (least recently used dropped first)
 
 
 @dataclass
@@ -59,6 +67,9 @@ class StructuredOutput:
             raise ValueError(f"structured_output.choice must be a non-empty list of non-empty strings, got {self.choice!r}")
         if not isinstance(self.json_object, bool):
             raise ValueError(f"structured_output.json_object must be a bool, got {self.json_object!r}")
+        size = len(self.key()[1])
+        if size > MAX_CONSTRAINT_CHARS:
+            raise ValueError(f"structured_output.{self.kind} is {size} characters; the limit is {MAX_CONSTRAINT_CHARS}")
 
     def key(self) -> tuple[str, str]:
         """A hashable identity of the constraint: equal keys compile to the same grammar."""
@@ -82,6 +93,36 @@ class StructuredOutput:
         return cls(**data)
 
 
+_running: set[threading.Thread] = set()  # abandoned compiles of every backend of this process
+
+
+@atexit.register
+def _wait_for_abandoned(limit_s: float = 60.0) -> None:
+    """Interpreter exit under a running xgrammar compile aborts the process (its C++ thread pool
+    is torn down while busy): give abandoned compiles a bounded time to finish first."""
+    deadline = time.monotonic() + limit_s
+    for thread in list(_running):
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def _compile(compiler: Any, key: tuple[str, str], so: StructuredOutput, box: dict[str, Any]) -> None:
+    """On a helper thread: the compiled grammar, or the error, into ``box``."""
+    kind, text = key
+    try:
+        if kind == "json":
+            box["grammar"] = compiler.compile_json_schema(text, any_whitespace=False)
+        elif kind == "json_object":
+            box["grammar"] = compiler.compile_builtin_json_grammar()
+        elif kind == "regex":
+            box["grammar"] = compiler.compile_regex(text)
+        elif kind == "choice":
+            box["grammar"] = compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in so.choice or []))
+        else:
+            box["grammar"] = compiler.compile_grammar(text)
+    except Exception as e:  # handed to the caller's thread
+        box["error"] = e
+
+
 def _clean_error(error: Exception) -> str:
     """xgrammar prefixes its messages with a time stamp and a C++ source location."""
     return re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(error).strip()) or type(error).__name__
@@ -91,15 +132,21 @@ class StructuredOutputBackend:
     """Compiles constraints with xgrammar and masks the logits of constrained rows.
 
     One per engine: the tokenizer info is built once (lazily, so engines that never see a
-    constrained request never import xgrammar), and each distinct constraint is compiled once.
+    constrained request never import xgrammar), and each distinct constraint is compiled once
+    while it stays among the ``max_cached`` most recently used. A compile runs on a helper
+    thread (xgrammar releases the GIL) and one that outlasts ``compile_timeout_s`` is that
+    request's error: the engine's loop moves on, the abandoned compile finishes unseen.
     """
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int], *,
+                 compile_timeout_s: float = COMPILE_TIMEOUT_S, max_cached: int = MAX_CACHED) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.stop_token_ids = sorted(stop_token_ids)
+        self.compile_timeout_s, self.max_cached = compile_timeout_s, max_cached
         self._compiler: Any = None
-        self._compiled: dict[tuple[str, str], Any] = {}
+        self._compiled: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._abandoned: list[threading.Thread] = []
         self._bitmask: Any = None  # reused across steps; grown to the largest batch seen
         self.num_compiled = 0  # distinct constraints compiled (cache misses)
 
@@ -120,23 +167,34 @@ class StructuredOutputBackend:
         key = so.key()
         grammar = self._compiled.get(key)
         if grammar is not None:
+            self._compiled.move_to_end(key)
             return grammar
         compiler = self._get_compiler()
-        kind, text = key
+        kind, _ = key
+        self._abandoned = [t for t in self._abandoned if t.is_alive()]
+        _running.intersection_update(t for t in _running if t.is_alive())
+        if len(self._abandoned) >= MAX_ABANDONED:
+            raise ValueError(f"structured_output.{kind} not compiled: {len(self._abandoned)} earlier constraints "
+                             "that took too long are still compiling")
+        box: dict[str, Any] = {}
+        thread = threading.Thread(target=_compile, args=(compiler, key, so, box), daemon=True,
+                                  name="tokenmill-grammar")  # daemon: an abandoned compile never holds exit
+        thread.start()
+        thread.join(self.compile_timeout_s)
+        if thread.is_alive():
+            self._abandoned.append(thread)  # it cannot be stopped; it finishes unseen
+            _running.add(thread)
+            raise ValueError(f"structured_output.{kind} took longer than {self.compile_timeout_s:g} s to compile; "
+                             "simplify the constraint")
         try:
-            if kind == "json":
-                grammar = compiler.compile_json_schema(text, any_whitespace=False)
-            elif kind == "json_object":
-                grammar = compiler.compile_builtin_json_grammar()
-            elif kind == "regex":
-                grammar = compiler.compile_regex(text)
-            elif kind == "choice":
-                grammar = compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in so.choice or []))
-            else:
-                grammar = compiler.compile_grammar(text)
+            if "error" in box:
+                raise box["error"]
+            grammar = box["grammar"]
         except (RuntimeError, ValueError, TypeError) as e:
             raise ValueError(f"structured_output.{kind} cannot be compiled: {_clean_error(e)}") from None
         self._compiled[key] = grammar
+        while len(self._compiled) > self.max_cached:
+            self._compiled.popitem(last=False)  # matchers built from it keep their own reference
         self.num_compiled += 1
         return grammar
 

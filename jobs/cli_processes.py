@@ -112,6 +112,17 @@ def serve(
     ] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="for requests that set none")] = 256,
     max_upload_mb: Annotated[float, typer.Option("--max-upload-mb")] = 200.0,
+    allow_env: Annotated[
+        list[str] | None, typer.Option("--allow-env", help="variables specs may reference as ${env:NAME} "
+                                       "credentials, fnmatch patterns like 'AWS_*' (repeat; default none)")
+    ] = None,
+    allow_profile: Annotated[
+        list[str] | None, typer.Option("--allow-profile", help="storage profiles specs may name (repeat)")
+    ] = None,
+    allowed_url_prefix: Annotated[
+        list[str] | None, typer.Option("--allowed-url-prefix", help="confine /v1/jobs input and output URLs to "
+                                       "these prefixes; needed for local paths (repeat)")
+    ] = None,
 ) -> None:
     """Serve the OpenAI Files/Batches API, /v1/jobs, /metrics and the dashboard at / (blocks)."""
     setup_logging()
@@ -131,7 +142,8 @@ def serve(
         storage_url=storage, api_keys=keys, broker_url=broker, queue=queue,
         redis_key_prefix=os.environ.get("TOKENMILL_REDIS_KEY_PREFIX"), model=model or DEFAULT_MODEL,
         served_model_name=served_model_name, engine_options=options, default_max_tokens=max_tokens,
-        max_upload_bytes=int(max_upload_mb * 1024 * 1024),
+        max_upload_bytes=int(max_upload_mb * 1024 * 1024), allowed_env=list(allow_env or []),
+        allowed_profiles=list(allow_profile or []), allowed_url_prefixes=list(allowed_url_prefix or []),
     )
     typer.echo(f"tokenmill serve: http://{host}:{port}/ ({'fleet ' + broker if broker else 'embedded runner'}, "
                f"model {settings.model_name}, storage {storage})", err=True)

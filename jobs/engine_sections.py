@@ -15,7 +15,7 @@ from pydantic import Field, ValidationInfo, create_model, field_validator
 
 from engine.config import EngineConfig
 from engine.model_registry import DEFAULT_MODEL, PACKAGED_MODELS
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import MAX_N, MAX_STOP, SamplingParams
 from jobs.sections import Section, resolve_local
 
 # Batch jobs decode greedily (reproducible) and leave room for a paragraph.
@@ -38,7 +38,8 @@ ENGINE_BOUNDS: dict[str, dict[str, Any]] = {
 }
 SAMPLING_BOUNDS: dict[str, dict[str, Any]] = {
     "max_tokens": {"ge": 1}, "temperature": {"ge": 0}, "top_p": {"gt": 0, "le": 1}, "top_k": {"ge": -1},
-    "n": {"ge": 1, "le": 128, "description": "samples per row (kinds generate and evaluate): a list column"},
+    "n": {"ge": 1, "le": MAX_N, "description": "samples per row (kinds generate and evaluate): a list column"},
+    "stop": {"max_length": MAX_STOP},
 }
 
 

@@ -24,8 +24,6 @@ from connectors import (
     has_userinfo,
     list_shards,
     literal_credentials,
-    part_is_current,
-    read_manifest,
 )
 from pipeline.celery_app import DEFAULT_BROKER_URL, DEFAULT_QUEUE, DEFAULT_RESULT_BACKEND, make_app
 from pipeline.job_state import JobStateStore
@@ -141,7 +139,9 @@ def job_status(job: str | JobPlan, *, state_url: str | None = None) -> dict[str,
         return live_status(job_id, meta, shards)
     if plan is None:
         raise KeyError(f"unknown job {job_id!r}: no state in Redis (pass the JobPlan to read its output)")
-    return _status_from_output(plan)
+    from pipeline.output_status import status_from_output
+
+    return status_from_output(plan)
 
 
 def live_status(job_id: str, meta: dict[str, Any], shards: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -190,45 +190,6 @@ def live_status(job_id: str, meta: dict[str, Any], shards: dict[int, dict[str, A
             "cached_prompt_tokens": sum(r["cached_prompt_tokens"] for r in rows),
             "tokens_per_s": round(output_tokens / elapsed, 2) if elapsed > 0 else 0.0,
             "elapsed_s": round(elapsed, 2),
-        },
-    }
-
-
-def _status_from_output(plan: JobPlan) -> dict[str, Any]:
-    manifest = read_manifest(plan.output_url, plan.output_options)
-    if manifest is not None:
-        rows = [
-            {"index": s["index"], "url": s["url"], "state": s["status"], "rows_done": s.get("rows", 0),
-             "errors": s.get("errors", 0), "output_tokens": s.get("output_tokens", 0), "reason": s.get("reason"),
-             "worker": s.get("worker")}
-            for s in manifest["shards"]
-        ]
-        status = manifest["status"]
-        elapsed = manifest.get("engine_stats", {}).get("elapsed_s", 0.0)
-    else:
-        listed = list_shards(
-            plan.input_url, format=plan.input_format, storage_options=plan.storage_options,
-            split_row_groups=plan.split_row_groups,
-        )
-        rows = [
-            {"index": s.index, "url": s.url,
-             "state": "done" if part_is_current(
-                 plan.output_url, s.part_id, plan.part_fingerprint(s.fingerprint), plan.output_options)
-             else "queued", "rows_done": 0, "errors": 0, "output_tokens": 0, "reason": None, "worker": None}
-            for s in listed
-        ]
-        status, elapsed = "unknown", 0.0
-    count = {state.value: sum(r["state"] == state for r in rows)
-             for state in (ShardState.QUEUED, ShardState.RUNNING, *TERMINAL_STATES)}
-    output_tokens = sum(r["output_tokens"] for r in rows)
-    return {
-        "job_id": plan.job_id, "name": plan.name, "status": status, "output_url": public_url(plan.output_url),
-        "shards": rows,
-        "progress": {
-            "shards_total": len(rows), **{f"shards_{k}": v for k, v in count.items()},
-            "rows_done": sum(r["rows_done"] for r in rows), "errors": sum(r["errors"] for r in rows),
-            "output_tokens": output_tokens,
-            "tokens_per_s": round(output_tokens / elapsed, 2) if elapsed else 0.0, "elapsed_s": elapsed,
         },
     }
 

@@ -146,4 +146,5 @@ def build_manifest(
         "summary": summary,
         "openai_output": plan.openai_output,
         "success_marker": state == "succeeded",
+        "plan": plan.plan_digest(),  # whose parts these are: status of another spec ignores this manifest
     }

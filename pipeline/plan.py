@@ -91,6 +91,10 @@ class JobPlan:
         digest = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()[:16]
         return f"{input_fingerprint}|plan={digest}"
 
+    def plan_digest(self) -> str:
+        """What of this plan shapes its rows, as a short digest (the manifest records it)."""
+        return self.part_fingerprint("").removeprefix("|plan=")
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobPlan:
         data = dict(data)

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from connectors.redaction import redact
+
 
 class ShardState(StrEnum):
     QUEUED = "queued"
@@ -107,6 +109,10 @@ class ShardOutcome:
     def is_final_state(data: dict[str, Any]) -> bool:
         """Whether a reported live state is a shard's end (``retrying`` is not)."""
         return data.get("state") in TERMINAL_STATES
+
+    def __post_init__(self) -> None:
+        if self.reason:  # the reason goes to Redis, the manifest and status: no credential in it
+            self.reason = redact(self.reason)
 
     @classmethod
     def from_state_dict(

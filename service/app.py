@@ -8,13 +8,14 @@ from importlib.resources import files
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service import metrics
 from service.batches import BatchAdvancer
-from service.errors import APIError, install_handlers
+from service.errors import install_handlers
+from service.guard import RequestGuard
 from service.records import Store
 from service.routes_batches import router as batches_router
 from service.routes_files import router as files_router
@@ -45,6 +46,7 @@ def create_app(settings: ServiceSettings, runner: Runner | None = None) -> FastA
 
     app = FastAPI(title="tokenmill", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings, app.state.store, app.state.runner = settings, store, runner
+    app.state.spec_policy = settings.spec_policy()
     install_handlers(app)
     metrics.install(store)
     app.include_router(files_router)
@@ -52,17 +54,7 @@ def create_app(settings: ServiceSettings, runner: Runner | None = None) -> FastA
     app.include_router(jobs_router)
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
 
-    @app.middleware("http")
-    async def refuse_oversized_uploads(request: Request, call_next: Any) -> Response:
-        """An upload whose Content-Length is over the limit is refused before its body is read
-        (the route checks the part's own size too, for uploads without a length)."""
-        length = request.headers.get("content-length", "")
-        limit = settings.max_upload_bytes + 64 * 1024  # room for the multipart framing
-        if request.url.path == "/v1/files" and length.isdigit() and int(length) > limit:
-            error = APIError(413, f"File is too large: the limit is {settings.max_upload_bytes} bytes.",
-                             param="file", code="file_too_large")
-            return JSONResponse(error.body(), status_code=413)
-        return await call_next(request)
+    app.add_middleware(RequestGuard, settings=settings)  # the key and the body limit, before any body
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:

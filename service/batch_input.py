@@ -11,6 +11,7 @@ import json
 
 from jobs.openai_requests import parse_request
 from service.errors import APIError, bad_request
+from service.settings import DEFAULT_MAX_BATCH_LINES
 
 SUPPORTED_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 KNOWN_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/moderations")
@@ -39,11 +40,15 @@ def _field_of(message: str) -> str | None:
     return first if first in ("custom_id", "method", "url", "body") or first.startswith("body.") else None
 
 
-def check_upload(data: bytes) -> int:
-    """The number of requests in a ``purpose=batch`` upload, or a 400 naming the bad lines."""
+def check_upload(data: bytes, max_lines: int = DEFAULT_MAX_BATCH_LINES) -> int:
+    """The number of requests in a ``purpose=batch`` upload, or a 400 naming the bad lines.
+    Counted before any line is parsed: a file over the cap costs no JSON parsing."""
     lines = _lines(data)
     if not lines:
         raise bad_request("the batch input file has no requests", "file", "empty_file")
+    if len(lines) > max_lines:
+        raise bad_request(f"the batch input file has {len(lines)} requests; the limit is {max_lines}", "file",
+                          "too_many_requests")
     errors: list[tuple[int, str, str | None]] = []
     seen: dict[str, int] = {}
     for n, line in lines:

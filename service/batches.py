@@ -9,22 +9,42 @@ The same loop keeps the status of plain jobs fresh for the listings and metrics.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
+import time
 from typing import Any
 
-from connectors import part_id_of, read_manifest, write_bytes
+from connectors import is_transient, part_id_of, read_manifest, write_bytes
 from connectors.blobs import read_bytes
 from jobs.openai_merge import merge_lines
 from jobs.spec import JobSpec
 from pipeline.fleet import FINAL_STATES as JOB_FINAL
-from service.records import BATCH_FINAL, BatchRecord, FileRecord, JobRecord, Store, new_id, now
+from service.records import BATCH_FINAL, BatchRecord, FileRecord, JobRecord, Store, now
 from service.runners import Runner
 from service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
+MAX_BACKOFF_S = 60.0
 
+
+def is_outage(exc: BaseException) -> bool:
+    """A storage or broker error that a later try may not hit (network, timeout, 5xx, a Redis
+    restart): the batch waits and tries again, it does not fail."""
+    if is_transient(exc):
+        return True
+    try:
+        import redis
+
+        if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                            redis.exceptions.BusyLoadingError)):
+            return True
+    except ImportError:  # pragma: no cover - redis comes with the fleet extras
+        pass
+    from kombu.exceptions import OperationalError
+
+    return isinstance(exc, OperationalError)
 
 
 def batch_spec(batch: BatchRecord, store: Store, settings: ServiceSettings) -> JobSpec:
@@ -41,6 +61,7 @@ class BatchAdvancer:
     def __init__(self, store: Store, runner: Runner, settings: ServiceSettings) -> None:
         self.store, self.runner, self.settings = store, runner, settings
         self._stop = threading.Event()
+        self._retry: dict[str, tuple[int, float]] = {}  # batch id -> (outages in a row, next try at)
         self._thread = threading.Thread(target=self._loop, name="tokenmill-batch-advancer", daemon=True)
 
     def start(self) -> None:
@@ -57,17 +78,36 @@ class BatchAdvancer:
                 log.exception("batch advancer tick failed")
 
     def tick(self) -> None:
-        for batch in self.store.all(BatchRecord):
-            if batch.status not in BATCH_FINAL:
-                try:
-                    self.advance(batch.id)
-                except Exception as exc:
-                    log.exception("batch %s", batch.id)
-                    self._update(batch.id, status="failed", failed_at=now(),
-                                 errors=[{"code": "server_error", "message": f"{type(exc).__name__}: {exc}"}])
-        for job in self.store.all(JobRecord):
+        """One pass over the open batches and jobs. An outage (``is_outage``) while a batch
+        advances leaves it as it is and retries it with backoff; only another error fails it."""
+        for batch in self.store.open(BatchRecord):
+            if self._retry.get(batch.id, (0, 0.0))[1] > time.monotonic():
+                continue
+            try:
+                self.advance(batch.id)
+                self._retry.pop(batch.id, None)
+            except Exception as exc:
+                if is_outage(exc):
+                    self._back_off(batch.id, exc)
+                    continue
+                log.exception("batch %s", batch.id)
+                self._update(batch.id, status="failed", failed_at=now(),
+                             errors=[{"code": "server_error", "message": f"{type(exc).__name__}: {exc}"}])
+        for job in self.store.open(JobRecord):
             if job.status not in JOB_FINAL:
-                self._refresh_job(job)
+                try:
+                    self._refresh_job(job)
+                except Exception as exc:
+                    if not is_outage(exc):
+                        raise
+                    log.warning("job %s: status not refreshed (%s: %s)", job.id, type(exc).__name__, exc)
+
+    def _back_off(self, batch_id: str, exc: BaseException) -> None:
+        outages = self._retry.get(batch_id, (0, 0.0))[0] + 1
+        delay = min(MAX_BACKOFF_S, self.settings.poll_s * 2 ** outages)
+        self._retry[batch_id] = (outages, time.monotonic() + delay)
+        log.warning("batch %s: %s: %s (outage %d in a row, next try in %.1f s)", batch_id, type(exc).__name__,
+                    exc, outages, delay)
 
     def _refresh_job(self, job: JobRecord) -> None:
         try:
@@ -125,16 +165,23 @@ class BatchAdvancer:
         self._finalize(batch, cancelled=job["status"] == "cancelled")
 
     def _submit(self, batch: BatchRecord) -> None:
-        try:
-            plan = batch_spec(batch, self.store, self.settings).to_plan(batch.id)
-        except ValueError as exc:  # the request file no longer converts (validated at create)
-            self._update(batch.id, status="failed", failed_at=now(),
-                         errors=[{"code": "invalid_request", "message": str(exc)}])
-            return
-        job_id = self.runner.submit(plan)
+        """Submit the batch's job (its id is the batch's), unless a run of this loop that
+        crashed before recording it already did: then the live job is adopted, never
+        resubmitted over its own state."""
+        if self._runner_knows(batch.id):
+            job_id = batch.id
+        else:
+            try:
+                plan = batch_spec(batch, self.store, self.settings).to_plan(batch.id)
+            except ValueError as exc:  # the request file no longer converts (validated at create)
+                self._update(batch.id, status="failed", failed_at=now(),
+                             errors=[{"code": "invalid_request", "message": str(exc)}])
+                return
+            job_id = self.runner.submit(plan)
         with self.store.lock:  # a cancel may have come in while the job was being submitted
-            self.store.put(JobRecord(id=job_id, owner=batch.owner, kind=plan.kind, name=plan.name,
-                                     status="queued", batch_id=batch.id, output_url=batch.output_url))
+            if self.store.get(JobRecord, job_id) is None:
+                self.store.put(JobRecord(id=job_id, owner=batch.owner, kind="openai_batch", name="openai-batch",
+                                         status="queued", batch_id=batch.id, output_url=batch.output_url))
             cancelled = self.store.get(BatchRecord, batch.id).status == "cancelling"
             if cancelled:
                 self._update(batch.id, job_id=job_id)
@@ -142,6 +189,13 @@ class BatchAdvancer:
                 self._update(batch.id, job_id=job_id, status="in_progress", in_progress_at=now())
         if cancelled:
             self.runner.cancel(job_id)
+
+    def _runner_knows(self, job_id: str) -> bool:
+        try:
+            self.runner.status(job_id)
+        except KeyError:
+            return False
+        return True
 
     def _finalize(self, batch: BatchRecord, *, cancelled: bool) -> None:
         """Split the job's output lines into the output file and the error file."""
@@ -169,7 +223,9 @@ class BatchAdvancer:
         return [part_id_of(name) for name in names]
 
     def _result_file(self, batch: BatchRecord, which: str, lines: list[bytes]) -> str:
-        file_id = new_id("file-")
+        """The batch's output or error file. Its id follows from the batch's, so a finalize
+        repeated after a crash rewrites the same record instead of adding a second one."""
+        file_id = "file-" + hashlib.sha256(f"{batch.id}:{which}".encode()).hexdigest()[:24]
         data = b"".join(lines)
         url = self.store.content_url(file_id)
         write_bytes(url, data, self.settings.storage_options)

@@ -9,12 +9,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from connectors.redaction import redact
+
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
           409: "invalid_request_error", 413: "invalid_request_error", 500: "server_error"}
 
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        message = redact(message)  # the last door out: no resolved credential in any answer
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 
@@ -55,5 +58,6 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = "not_found" if exc.status_code == 404 else None
-        return JSONResponse(APIError(exc.status_code, str(exc.detail), code=code).body(), status_code=exc.status_code)
+        code = getattr(exc, "code", None) or ("not_found" if exc.status_code == 404 else None)
+        error = APIError(exc.status_code, str(exc.detail), param=getattr(exc, "param", None), code=code)
+        return JSONResponse(error.body(), status_code=exc.status_code)

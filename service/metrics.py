@@ -1,4 +1,5 @@
-"""The server's Prometheus metrics: batches and jobs by status, read from the records at scrape time.
+"""The server's Prometheus metrics: batches and jobs by status, from the store's in-memory index.
+No label names a key or an owner: ``/metrics`` needs no key, so it shows no per-team figure.
 
 In embedded mode the same registry also carries the engine and shard metrics of
 ``pipeline.metrics``, since jobs run in this process.
@@ -6,7 +7,6 @@ In embedded mode the same registry also carries the engine and shard metrics of
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator
 
 from prometheus_client import REGISTRY
@@ -24,9 +24,14 @@ class RecordsCollector(Collector):
     def __init__(self, store: Store) -> None:
         self.store = store
 
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The families without their values: registering reads no record."""
+        yield GaugeMetricFamily("tokenmill_server_batches", "", labels=["status"])
+        yield GaugeMetricFamily("tokenmill_server_jobs", "", labels=["status"])
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        batches = Counter(b.status for b in self.store.all(BatchRecord))
-        jobs = Counter(j.status for j in self.store.all(JobRecord))
+        batches = self.store.status_counts(BatchRecord)  # from memory: a scrape reads no record
+        jobs = self.store.status_counts(JobRecord)
         for name, doc, counts, known in (
             ("tokenmill_server_batches", "Batches known to this server, by status", batches, BATCH_STATUSES),
             ("tokenmill_server_jobs", "Jobs submitted through this server (batches included), by status",
@@ -46,5 +51,6 @@ def install(store: Store) -> None:
     global _installed
     if _installed is not None:
         REGISTRY.unregister(_installed)
+        _installed = None
     _installed = RecordsCollector(store)
     REGISTRY.register(_installed)

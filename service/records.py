@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import Counter
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field
@@ -24,6 +25,7 @@ from connectors.blobs import delete_object, read_json, read_json_folder, write_j
 R = TypeVar("R", bound="Record")
 
 BATCH_FINAL = ("completed", "failed", "cancelled", "expired")
+JOB_FINAL = ("succeeded", "completed_with_errors", "cancelled", "failed")  # pipeline.fleet.FINAL_STATES
 
 
 def new_id(prefix: str) -> str:
@@ -98,13 +100,68 @@ class JobRecord(Record):
 _FOLDERS = {FileRecord: "files/meta", BatchRecord: "batches", JobRecord: "jobs"}
 
 
+_TRACKED = (BatchRecord, JobRecord)  # the kinds whose open records the loop and /metrics follow
+
+
+def is_open(record: Record) -> bool:
+    if isinstance(record, BatchRecord):
+        return record.status not in BATCH_FINAL
+    return isinstance(record, JobRecord) and record.status not in JOB_FINAL
+
+
 class Store:
-    """Records by id, and every record of a type (listing reads the folder: fine for thousands)."""
+    """Records by id, and every record of a type (listing reads the folder: fine for thousands).
+
+    The status of every batch and job is also kept in memory, read once on first use and
+    updated by ``put``/``delete``: the batch loop and ``/metrics`` then cost the open records,
+    not all records ever made. This server is the only writer of its storage (one server
+    per storage location), so the memory stays true.
+    """
 
     def __init__(self, base_url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.options = storage_options or {}
         self.lock = threading.RLock()  # read-modify-write of a record inside this server
+        self._status: dict[type[Record], dict[str, str]] | None = None
+        self._open: dict[type[Record], dict[str, Record]] = {cls: {} for cls in _TRACKED}
+
+    def _index(self) -> dict[type[Record], dict[str, str]]:
+        with self.lock:
+            if self._status is None:
+                status: dict[type[Record], dict[str, str]] = {}
+                for cls in _TRACKED:
+                    records = self.all(cls)
+                    status[cls] = {r.id: r.status for r in records}
+                    self._open[cls] = {r.id: r for r in records if is_open(r)}
+                self._status = status
+            return self._status
+
+    def _observe(self, record: Record, deleted: bool = False) -> None:
+        cls = type(record)
+        if cls not in _TRACKED or self._status is None:
+            return
+        with self.lock:
+            if deleted:
+                self._status[cls].pop(record.id, None)
+            else:
+                self._status[cls][record.id] = record.status
+            if is_open(record) and not deleted:
+                self._open[cls][record.id] = record.model_copy()
+            else:
+                self._open[cls].pop(record.id, None)
+
+    def open(self, cls: type[R]) -> list[R]:
+        """The unfinished records of a type, from memory (copies, oldest first)."""
+        self._index()
+        with self.lock:
+            records = [r.model_copy() for r in self._open[cls].values()]
+        return sorted(records, key=lambda r: (r.created_at, r.id))  # type: ignore[return-value]
+
+    def status_counts(self, cls: type[Record]) -> Counter[str]:
+        """How many records of a type are in each status, from memory."""
+        index = self._index()
+        with self.lock:
+            return Counter(index[cls].values())
 
     def url(self, *names: str) -> str:
         url = self.base_url
@@ -120,6 +177,7 @@ class Store:
 
     def put(self, record: Record) -> None:
         write_json(self.url(_FOLDERS[type(record)], f"{record.id}.json"), record.model_dump(), self.options)
+        self._observe(record)
 
     def get(self, cls: type[R], record_id: str, owner: str | None = None) -> R | None:
         """The record, or None if it does not exist or belongs to another owner."""
@@ -138,3 +196,4 @@ class Store:
 
     def delete(self, record: Record) -> None:
         delete_object(self.url(_FOLDERS[type(record)], f"{record.id}.json"), self.options)
+        self._observe(record, deleted=True)

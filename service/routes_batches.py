@@ -21,7 +21,9 @@ class CreateBatch(BaseModel):
     input_file_id: str
     endpoint: str
     completion_window: str
-    metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(None, max_length=16)
+    # OpenAI's bounds: 16 pairs, keys up to 64 characters, values up to 512
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
+        None, max_length=16)
 
 
 
@@ -79,5 +81,8 @@ def cancel_batch(request: Request, owner: Owner, batch_id: str) -> dict[str, Any
         record.status, record.cancelling_at = "cancelling", now()
         store.put(record)
     if record.job_id is not None:
-        request.app.state.runner.cancel(record.job_id)
+        try:
+            request.app.state.runner.cancel(record.job_id)
+        except KeyError:
+            pass  # the job's state is lost: the batch advancer fails the batch as job_lost
     return record.public()

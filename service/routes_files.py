@@ -21,9 +21,9 @@ CHUNK = 1 << 20
 
 
 
-async def _read_limited(upload: UploadFile, limit: int) -> bytes:
+def _read_limited(upload: UploadFile, limit: int) -> bytes:
     chunks, size = [], 0
-    while chunk := await upload.read(CHUNK):
+    while chunk := upload.file.read(CHUNK):
         size += len(chunk)
         if size > limit:
             raise APIError(413, f"File is too large: the limit is {limit} bytes.", param="file",
@@ -33,13 +33,15 @@ async def _read_limited(upload: UploadFile, limit: int) -> bytes:
 
 
 @router.post("")
-async def create_file(request: Request, owner: Owner, file: Annotated[UploadFile, File()],
-                      purpose: Annotated[str, Form()]) -> dict[str, Any]:
+def create_file(request: Request, owner: Owner, file: Annotated[UploadFile, File()],
+                purpose: Annotated[str, Form()]) -> dict[str, Any]:
+    """A plain ``def``: FastAPI runs it on a worker thread, so reading, checking (JSON of up to
+    200 MB) and storing the upload never holds the event loop (``/healthz`` keeps answering)."""
     if purpose not in PURPOSES:
         raise bad_request(f"purpose {purpose!r} is not supported here; use 'batch'", "purpose", "invalid_value")
     settings = request.app.state.settings
-    data = await _read_limited(file, settings.max_upload_bytes)  # the part itself, whatever the headers say
-    check_upload(data)
+    data = _read_limited(file, settings.max_upload_bytes)  # the part itself, whatever the headers say
+    check_upload(data, settings.max_batch_lines)
     store = request.app.state.store
     file_id = new_id("file-")
     url = store.content_url(file_id)

@@ -10,12 +10,13 @@ from pydantic import ValidationError
 from connectors import StorageError
 from jobs.spec import JobSpec
 from jobs.spec_errors import format_errors
+from pipeline.fleet import FINAL_STATES
 from service.auth import Owner, owned
-from service.errors import APIError, bad_request
-from service.records import JobRecord
+from service.errors import APIError, bad_request, not_found
+from service.records import JobRecord, Store
+from service.runners import Runner
 
 router = APIRouter(prefix="/v1/jobs")
-
 
 
 @router.post("")
@@ -28,16 +29,36 @@ def create_job(request: Request, owner: Owner, spec: Annotated[dict[str, Any], B
         raise bad_request("; ".join(lines), lines[0].split(":", 1)[0] if lines else None, "invalid_spec") from None
     if parsed.schedule:
         raise bad_request("schedule: scheduled specs run under 'tokenmill beat', not the API", "schedule")
+    request.app.state.spec_policy.check(parsed)  # before anything opens storage or resolves a credential
+    store, runner = request.app.state.store, request.app.state.runner
     try:
-        plan = parsed.to_plan()
-        job_id = request.app.state.runner.submit(plan)
+        plan = parsed.to_plan(_fresh_job_id(parsed, store, runner))
+        job_id = runner.submit(plan)
     except StorageError as exc:
         raise bad_request(f"input error: {exc}", "input.url", "input_error") from None
     except ValueError as exc:
         raise bad_request(str(exc), None, "invalid_spec") from None
     record = JobRecord(id=job_id, owner=owner, kind=plan.kind, name=plan.name, output_url=plan.output_url)
-    request.app.state.store.put(record)
+    store.put(record)
     return record.public()
+
+
+def _fresh_job_id(spec: JobSpec, store: Store, runner: Runner) -> str:
+    """An id no record and no runner state holds: the name is any team's to choose and the
+    random part short, so it is checked, not trusted, never to land on another job's state."""
+    for _ in range(8):
+        job_id = spec.new_job_id()
+        if store.get(JobRecord, job_id) is None and not _runner_knows(runner, job_id):
+            return job_id
+    raise APIError(503, "could not choose a fresh job id; try again", code="job_id_unavailable")
+
+
+def _runner_knows(runner: Runner, job_id: str) -> bool:
+    try:
+        runner.status(job_id)
+    except KeyError:
+        return False
+    return True
 
 
 @router.get("")
@@ -52,6 +73,8 @@ def job_status(request: Request, owner: Owner, job_id: str) -> dict[str, Any]:
     try:
         status = request.app.state.runner.status(job_id)
     except KeyError as exc:
+        if record.status in FINAL_STATES:  # finished and forgotten by the runner: the record speaks
+            return {**record.public(), "shards": [], "progress": None}
         raise APIError(410, f"job {job_id}: {exc.args[0] if exc.args else 'state lost'}", code="job_lost") from None
     return {**record.public(), **status, "id": job_id}
 
@@ -60,5 +83,9 @@ def job_status(request: Request, owner: Owner, job_id: str) -> dict[str, Any]:
 def cancel_job(request: Request, owner: Owner, job_id: str) -> dict[str, Any]:
     record = owned(request, JobRecord, "job", job_id, owner)
     runner = request.app.state.runner
-    runner.cancel(job_id)
-    return {**record.public(), **runner.status(job_id), "id": job_id}
+    try:
+        runner.cancel(job_id)
+        status = runner.status(job_id)
+    except KeyError:  # the record outlived the job's state (an embedded job before a restart)
+        raise not_found("job", job_id) from None
+    return {**record.public(), **status, "id": job_id}

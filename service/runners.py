@@ -57,9 +57,12 @@ class _EmbeddedJob:
 
 
 class EmbeddedRunner:
-    """Jobs one after another on a thread of this process, through ``run_embedded``."""
+    """Jobs one after another on a thread of this process, through ``run_embedded``. The state of
+    the ``keep_finished`` most recently finished jobs is kept; older ones are forgotten (their
+    records keep the final status), so a long-lived server's memory grows with open jobs only."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_finished: int = 100) -> None:
+        self.keep_finished = keep_finished
         self._jobs: dict[str, _EmbeddedJob] = {}
         self._queue: queue.Queue[str] = queue.Queue()
         self._lock = threading.Lock()
@@ -105,6 +108,14 @@ class EmbeddedRunner:
                 log.exception("embedded job %s failed", job.plan.job_id)
                 with self._lock:
                     job.meta.update(status="failed", error=f"{type(exc).__name__}: {exc}", finished_at=time.time())
+            self._forget_old()
+
+    def _forget_old(self) -> None:
+        with self._lock:
+            finished = sorted((j.meta["finished_at"], job_id) for job_id, j in self._jobs.items()
+                              if j.meta.get("finished_at") is not None)
+            for _, job_id in finished[: max(0, len(finished) - self.keep_finished)]:
+                del self._jobs[job_id]
 
     def _run(self, job: _EmbeddedJob) -> None:
         from pipeline import metrics

@@ -6,11 +6,16 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.model_registry import DEFAULT_MODEL
 
+if TYPE_CHECKING:
+    from service.spec_policy import SpecPolicy
+
 DEFAULT_MAX_UPLOAD_BYTES = 200 * 1024 * 1024  # OpenAI's limit for a batch input file
+DEFAULT_MAX_JSON_BYTES = 1024 * 1024  # any other request body
+DEFAULT_MAX_BATCH_LINES = 50_000  # requests in one batch input file, as OpenAI's
 
 
 class SettingsError(ValueError):
@@ -50,6 +55,12 @@ class ServiceSettings:
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     storage_options: dict[str, Any] = field(default_factory=dict)
     poll_s: float = 0.5  # how often the batch advancer looks at running batches
+    max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
+    max_batch_lines: int = DEFAULT_MAX_BATCH_LINES
+    # What a spec posted to /v1/jobs may reach (service.spec_policy): nothing of the server's by default.
+    allowed_env: list[str] = field(default_factory=list)  # fnmatch patterns of variable names
+    allowed_profiles: list[str] = field(default_factory=list)
+    allowed_url_prefixes: list[str] = field(default_factory=list)
 
     @property
     def model_name(self) -> str:
@@ -58,6 +69,12 @@ class ServiceSettings:
     @property
     def owners(self) -> dict[str, str]:
         return {key: key_id(key) for key in self.api_keys}
+
+    def spec_policy(self) -> SpecPolicy:
+        from service.spec_policy import SpecPolicy
+
+        return SpecPolicy(self.storage_url, tuple(self.allowed_env), tuple(self.allowed_profiles),
+                          tuple(self.allowed_url_prefixes), self.model, tuple(self.engine_options.items()))
 
     def model_section(self) -> dict[str, Any]:
         """The ``[model]`` table of the job specs the server builds for batches."""

@@ -112,7 +112,8 @@ def start_stack(tmp: Path, model_dir: Path) -> Iterator[Stack]:
     server_args = ["serve", "--broker", REDIS_BROKER, "--storage", str(storage), "--port", str(port),
                    "--model", str(model_dir), "--served-model-name", MODEL_NAME,
                    "--engine-options", json.dumps({k: v for k, v in engine.items() if k != "model"}),
-                   "--max-tokens", "8", "--max-upload-mb", "1"]
+                   "--max-tokens", "8", "--max-upload-mb", "1",
+                   "--allowed-url-prefix", str(tmp.parent)]  # the tests' own folders, local paths
     server = _start(server_args, env, tmp / "server.log")
     stack = Stack(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", keys, storage,
                   worker, server, prefix, queue, model_dir.name, server_args, env)

@@ -217,7 +217,7 @@ def test_openai_batch_input_validated_up_front(tmp_path: Path) -> None:
     assert "6 invalid request(s)" in message
     for expected in ("line 2: custom_id 'a' repeats batch.jsonl line 1", "line 3: url must be /v1/chat/completions",
                      "line 4: method must be POST", "line 5: body.messages must be a non-empty list",
-                     "line 6: not JSON", "line 7: body: n must be an integer >= 1, got 0"):
+                     "line 6: not JSON", "line 7: body: n must be an integer from 1 to 128, got 0"):
         assert expected in message
     assert not (tmp_path / "out").exists()  # nothing written
 

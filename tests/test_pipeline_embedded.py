@@ -20,6 +20,7 @@ from pipeline_support import (
 )
 
 from connectors import list_shards, read_manifest, read_parts, success_marker_exists
+from pipeline import hooks
 from pipeline.job_runner import run_embedded
 
 
@@ -114,6 +115,8 @@ def hook_module(monkeypatch):
 
     module.score, module.summarize, module.calls = score, summarize, calls
     monkeypatch.setitem(sys.modules, "jobs._test_pipeline_hooks", module)
+    monkeypatch.setattr(hooks, "HOOKS", hooks.HOOKS | {"jobs._test_pipeline_hooks:score",
+                                                       "jobs._test_pipeline_hooks:summarize"})
     return module
 
 

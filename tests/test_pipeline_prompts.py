@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from pipeline import hooks
 from pipeline.hooks import HookError, load_hook, validate_hook_name
 from pipeline.manifest import build_manifest, public_url
 from pipeline.output_schema import SchemaError, output_schema
@@ -87,9 +88,21 @@ def test_only_jobs_hooks_are_allowed(spec: str) -> None:
         load_hook(spec)
 
 
-def test_hook_that_does_not_exist() -> None:
+def test_hook_that_does_not_exist(monkeypatch) -> None:
+    monkeypatch.setattr(hooks, "HOOKS", hooks.HOOKS | {"jobs.no_such_module_here:fn"})
     with pytest.raises(HookError, match="cannot import"):
         load_hook("jobs.no_such_module_here:fn")
+
+
+@pytest.mark.parametrize("spec", ["jobs.api:run", "jobs.cli:main", "jobs.extract:json", "jobs.spec:JobSpec"])
+def test_only_registered_hooks_load(spec: str) -> None:
+    """Callables under jobs. that no kind names are not hooks: a plan cannot make a worker call them."""
+    with pytest.raises(HookError, match=f"^hook '{spec}' is not a registered hook$"):
+        load_hook(spec)
+
+
+def test_every_registered_hook_loads() -> None:
+    assert all(callable(load_hook(name)) for name in hooks.HOOKS)
 
 
 def _plan(**kw) -> JobPlan:

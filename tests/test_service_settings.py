@@ -30,3 +30,23 @@ def test_serve_without_keys_exits_2_naming_the_settings(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("serve: no API keys: set TOKENMILL_API_KEYS (comma-separated) "
                                    "or give --api-keys-file")
+
+
+def test_serve_passes_what_specs_may_reach_to_the_server(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import service.app
+    from jobs.cli import app
+
+    started = []
+    monkeypatch.setattr(service.app, "serve", lambda settings, host, port: started.append(settings))
+    monkeypatch.setenv("TOKENMILL_API_KEYS", "k1")
+    result = CliRunner().invoke(app, [
+        "serve", "--storage", str(tmp_path), "--allow-env", "AWS_*", "--allow-env", "TEAM_A_*",
+        "--allow-profile", "team-a", "--allowed-url-prefix", "s3://team-a/", "--allowed-url-prefix", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    (settings,) = started
+    assert settings.allowed_env == ["AWS_*", "TEAM_A_*"] and settings.allowed_profiles == ["team-a"]
+    assert settings.allowed_url_prefixes == ["s3://team-a/", str(tmp_path)]
+    policy = settings.spec_policy()
+    assert policy.allowed_env == ("AWS_*", "TEAM_A_*") and policy.storage_url == str(tmp_path)

@@ -1,0 +1,63 @@
+"""``tokenmill status SPEC`` for a job unknown to Redis: this spec's state, read from its output.
+
+The output folder may hold another plan's work: run 1 succeeded, then a re-run under a new
+prompt was killed after rewriting 2 of 6 parts. Its manifest (run 1's) says succeeded and
+6/6 done, but only 4 parts are run 1's and none is complete for the new spec. So a shard is
+``done`` only when its part is current for this plan (its footer fingerprint), the manifest
+speaks only when it records this plan (``plan``) and ``succeeded`` needs ``_SUCCESS`` too;
+otherwise the status is ``incomplete``, with the current parts counted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from connectors import list_shards, part_is_current, read_manifest, success_marker_exists
+from pipeline.manifest import public_url
+from pipeline.plan import JobPlan
+from pipeline.shard_outcome import TERMINAL_STATES, ShardState
+
+NOT_CURRENT = "no part for this spec's plan"
+
+
+def status_from_output(plan: JobPlan) -> dict[str, Any]:
+    options = plan.output_options
+    manifest = read_manifest(plan.output_url, options)
+    listed = list_shards(plan.input_url, format=plan.input_format, storage_options=plan.storage_options,
+                         split_row_groups=plan.split_row_groups)
+    current = {s.index: part_is_current(plan.output_url, s.part_id, plan.part_fingerprint(s.fingerprint), options)
+               for s in listed}
+    ours = manifest is not None and (
+        manifest["plan"] == plan.plan_digest() if "plan" in manifest else all(current.values()))
+    recorded = {s["url"]: s for s in manifest["shards"]} if ours else {}
+    rows = []
+    for s in listed:
+        entry = recorded.get(public_url(s.url), {})
+        state = entry.get("status") if entry else None
+        if current[s.index]:
+            state = state if state in ("done", "skipped") else "done"
+        elif state not in ("failed", "cancelled"):
+            state, entry = "queued", {"reason": NOT_CURRENT}
+        rows.append({"index": s.index, "url": s.url, "state": state, "rows_done": entry.get("rows", 0),
+                     "errors": entry.get("errors", 0), "output_tokens": entry.get("output_tokens", 0),
+                     "reason": entry.get("reason"), "worker": entry.get("worker")})
+    if manifest is None:
+        status = "unknown"
+    elif not ours or (manifest["status"] == "succeeded" and not success_marker_exists(plan.output_url, options)):
+        status = "incomplete"
+    else:
+        status = manifest["status"]
+    elapsed = manifest.get("engine_stats", {}).get("elapsed_s", 0.0) if ours else 0.0
+    count = {state.value: sum(r["state"] == state for r in rows)
+             for state in (ShardState.QUEUED, ShardState.RUNNING, *TERMINAL_STATES)}
+    output_tokens = sum(r["output_tokens"] for r in rows)
+    return {
+        "job_id": plan.job_id, "name": plan.name, "status": status, "output_url": public_url(plan.output_url),
+        "shards": rows,
+        "progress": {
+            "shards_total": len(rows), **{f"shards_{k}": v for k, v in count.items()},
+            "rows_done": sum(r["rows_done"] for r in rows), "errors": sum(r["errors"] for r in rows),
+            "output_tokens": output_tokens,
+            "tokens_per_s": round(output_tokens / elapsed, 2) if elapsed else 0.0, "elapsed_s": elapsed,
+        },
+    }

@@ -1,0 +1,161 @@
+"""What a spec posted to ``/v1/jobs`` may reach: the operator's rules, checked before anything runs.
+
+A key holder is a tenant, not an administrator. The server and its workers hold credentials
+(environment variables, ``~/.aws`` profiles, ambient cloud roles) and the service's own
+storage holds every team's files; a spec sent over HTTP may use those only as the operator
+allows with ``--allow-env``, ``--allow-profile`` and ``--allowed-url-prefix``:
+
+- a ``${env:NAME}`` reference must name a variable matching an ``--allow-env`` pattern, sit
+  under a credential option (``key``, ``secret``, ``token``...), and the storage it opens
+  must be an object store at its default endpoint: a spec never picks where a server
+  credential is sent, nor an option that a library echoes back;
+- ``profile`` must be one of ``--allow-profile``;
+- ``[model]`` engine settings (memory, threads, batch sizes) are absent or equal to the
+  server's ``--engine-options``;
+- input and output URLs (and local files the spec reads) never lie inside the server's
+  ``--storage`` nor contain it; with ``--allowed-url-prefix`` they must lie under one of
+  those prefixes; without, only object-store URLs (s3, gs, az...) are accepted: local paths,
+  ``file://``, ``memory://``, ``http(s)://`` (the cloud metadata endpoint is one) are refused.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from connectors.credentials import env_reference, is_sensitive
+from jobs.secrets import reveal
+from jobs.spec import JobSpec
+from service.errors import bad_request
+
+OBJECT_STORES = frozenset({"s3", "gs", "az", "abfs", "adl"})
+_ALIASES = {"s3a": "s3", "gcs": "gs", "abfss": "abfs", "local": "file"}
+_ENDPOINT_KEYS = frozenset({"endpoint_url", "endpoint", "host", "url", "account_url", "connection_string", "proxies",
+                            "proxy", "proxy_url"})
+_GLOB = re.compile(r"[*?\[{]")
+_DOTDOT = re.compile(r"(^|[/\\])(\.\.|%2e%2e)([/\\]|$)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Location:
+    """A URL reduced to (protocol, path without trailing '/'), for prefix comparisons."""
+
+    protocol: str
+    path: str
+
+    @classmethod
+    def of(cls, url: str) -> Location:
+        protocol, _, path = url.partition("://") if "://" in url else ("file", "", url)
+        protocol = _ALIASES.get(protocol.lower(), protocol.lower())
+        if protocol == "file":
+            return cls("file", os.path.realpath(os.path.expanduser(path)).rstrip("/") or "/")
+        return cls(protocol, re.sub(r"/+", "/", path).strip("/"))
+
+    def within(self, other: Location) -> bool:
+        if self.protocol != other.protocol:
+            return False
+        root = other.path.rstrip("/")
+        return not root or self.path == root or self.path.startswith(root + "/")
+
+
+def _literal_prefix(url: str) -> str:
+    """The part of a (glob) URL before its first wildcard, cut back to a folder."""
+    match = _GLOB.search(url)
+    return url if match is None else url[: match.start()].rpartition("/")[0]
+
+
+def _walk(options: Any, where: str, key: str = "") -> Iterator[tuple[str, str, Any]]:
+    """(path, key, value) of every leaf of a storage-options tree."""
+    if isinstance(options, dict):
+        for k, v in options.items():
+            yield from _walk(v, f"{where}.{k}", str(k))
+    elif isinstance(options, list):
+        for i, v in enumerate(options):
+            yield from _walk(v, f"{where}[{i}]", key)
+    else:
+        yield where, key, options
+
+
+@dataclass(frozen=True)
+class SpecPolicy:
+    storage_url: str
+    allowed_env: tuple[str, ...] = ()
+    allowed_profiles: tuple[str, ...] = ()
+    allowed_url_prefixes: tuple[str, ...] = ()
+    server_model: str = ""
+    engine_options: tuple[tuple[str, Any], ...] = ()  # the server's --engine-options
+    _prefixes: tuple[Location, ...] = field(default=(), init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_prefixes", tuple(Location.of(p) for p in self.allowed_url_prefixes))
+
+    def check(self, spec: JobSpec) -> None:
+        """A 400 naming the first field that reaches beyond what the operator allows."""
+        self._check_url(spec.input.full_url, "input.url")
+        self._check_url(spec.output.url, "output.url")
+        if spec.extract is not None and spec.extract.schema_file:
+            self._check_url(spec.extract.schema_file, "extract.schema_file")
+        if spec.model.path and Location.of(spec.model.path) != Location.of(self.server_model or "/"):
+            self._check_url(spec.model.path, "model.path")
+        self._check_engine(spec.model.model_dump(exclude={"name", "path"}, exclude_none=True))
+        self._check_options(reveal(spec.input.storage_options), "input.storage_options", spec.input.full_url)
+        if spec.output.storage_options is not None:
+            self._check_options(reveal(spec.output.storage_options), "output.storage_options", spec.output.url)
+        elif spec.input.storage_options:
+            self._check_options(reveal(spec.input.storage_options), "input.storage_options", spec.output.url)
+
+    def _check_url(self, url: str, param: str) -> None:
+        if "::" in url:
+            raise bad_request(f"{param}: chained URLs ('::') are not accepted here", param, "url_not_allowed")
+        if _DOTDOT.search(url):
+            raise bad_request(f"{param}: '..' segments are not accepted here", param, "url_not_allowed")
+        where = Location.of(_literal_prefix(url))
+        storage = Location.of(self.storage_url)
+        if where.within(storage) or storage.within(where):
+            raise bad_request(f"{param}: {url} overlaps the service's own storage, which jobs may not read or "
+                              "write", param, "url_not_allowed")
+        if self._prefixes:
+            if not any(where.within(prefix) for prefix in self._prefixes):
+                raise bad_request(f"{param}: {url} is outside the prefixes this server allows "
+                                  f"({', '.join(self.allowed_url_prefixes)})", param, "url_not_allowed")
+        elif where.protocol not in OBJECT_STORES:
+            raise bad_request(f"{param}: {where.protocol} URLs and local paths are refused over HTTP unless the "
+                              "server allows them with --allowed-url-prefix", param, "url_not_allowed")
+
+    def _check_engine(self, settings: dict[str, Any]) -> None:
+        """Engine settings size a worker's memory and threads: the operator's, not a team's
+        (``kv_cache_memory_gb = 1000`` would kill every worker the job reached)."""
+        allowed = dict(self.engine_options)
+        for key, value in settings.items():
+            if key not in allowed or allowed[key] != value:
+                shown = f"{allowed[key]!r}" if key in allowed else "not set"
+                raise bad_request(f"model.{key}: engine settings are the operator's (--engine-options; here "
+                                  f"{shown}); leave it out or give the same value", f"model.{key}",
+                                  "setting_not_allowed")
+
+    def _check_options(self, options: dict[str, Any], where: str, url: str) -> None:
+        leaves = list(_walk(options, where))
+        references = [(path, key, env_reference(v)) for path, key, v in leaves if env_reference(v) is not None]
+        for path, key, value in leaves:
+            if key == "profile" and value not in self.allowed_profiles:
+                raise bad_request(f"{path}: profile {value!r} is not one this server allows (--allow-profile)",
+                                  path, "credential_not_allowed")
+        for path, key, name in references:
+            if not any(fnmatch.fnmatchcase(str(name), pattern) for pattern in self.allowed_env):
+                raise bad_request(f"{path}: ${{env:{name}}} is not a variable this server lets specs use "
+                                  "(--allow-env)", path, "credential_not_allowed")
+            if not is_sensitive(key) or key == "profile":
+                raise bad_request(f"{path}: a ${{env:...}} reference may only be the value of a credential "
+                                  "option (key, secret, token...)", path, "credential_not_allowed")
+        if references:
+            endpoints = [path for path, _, _ in leaves
+                         if {*re.split(r"[.\[]", path)} & (_ENDPOINT_KEYS | {"headers"})]
+            if endpoints or Location.of(url).protocol not in OBJECT_STORES:
+                path = endpoints[0] if endpoints else where
+                raise bad_request(f"{path}: a spec that uses the server's credentials may not choose where "
+                                  "they are sent: no endpoint, proxy or headers, object-store URLs only", path,
+                                  "credential_not_allowed")

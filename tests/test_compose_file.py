@@ -1,0 +1,32 @@
+"""The shipped docker-compose.yml is not an open door (issue 23, point 9): Redis, the broker whose
+tasks run with the workers' credentials, publishes no port and requires a password that every
+client URL carries; the README says the broker is a trust boundary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+PASSWORD = "${REDIS_PASSWORD:?set REDIS_PASSWORD}"
+
+
+def test_redis_is_private_and_needs_a_password():
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    redis = compose["services"]["redis"]
+    assert "ports" not in redis and "network_mode" not in redis
+    command = redis["command"]
+    assert command[command.index("--requirepass") + 1] == PASSWORD
+    urls = {name: (service.get("environment") or {}) for name, service in compose["services"].items()}
+    clients = {name: env for name, env in urls.items() if "TOKENMILL_BROKER_URL" in env}
+    assert set(clients) == {"worker-gpu0", "worker-gpu1", "beat"}
+    for name, env in clients.items():
+        for key in ("TOKENMILL_BROKER_URL", "TOKENMILL_RESULT_BACKEND"):
+            assert env[key].startswith(f"redis://:{PASSWORD}@redis:6379/"), (name, key)
+
+
+def test_the_readme_names_the_broker_a_trust_boundary():
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("### Trust and tenants", 1)[1].split("\n## ", 1)[0]
+    assert "trust boundary" in section and "--allow-env" in section and "--allowed-url-prefix" in section
