@@ -114,7 +114,7 @@ class LLMEngine:
         return ids
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     # ---- the step -------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

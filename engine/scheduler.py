@@ -101,8 +101,11 @@ class Scheduler:
         while i < len(running) and budget > 0:
             seq = running[i]
             num_new = len(seq.token_ids) - seq.num_computed_tokens
-            if num_new == 0 or (seq.num_pending_tokens and self._ends_by_length(seq, max_len)):
-                i += 1  # nothing to compute, or the token in flight ends it: no step past its end
+            if seq.num_pending_tokens and self._ends_by_length(seq, max_len):
+                self._drain(running.pop(i))  # no step past its end: its slot and blocks go now
+                continue
+            if num_new == 0:
+                i += 1
                 continue
             if num_new > budget:
                 num_new = budget
@@ -193,6 +196,13 @@ class Scheduler:
                 finished.append(seq)
         return finished
 
+    def _drain(self, seq: Sequence) -> None:
+        """The in-flight token ends it: free its batch slot and blocks for this very schedule, as
+        the synchronous engine would have. Its KV writes still queued on the device come before
+        any later step's, so a new owner of the blocks is not disturbed."""
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.DRAINING
+
     def fork(self, parent: Sequence, child: Sequence) -> tuple[int, int] | None:
         """Run ``child`` alongside ``parent`` from the parent's computed prompt: it shares the
         parent's full blocks, and gets a fresh one for the partial block whose contents the
@@ -220,11 +230,14 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.PREEMPTED:  # async: preempted while its stopping token was in flight
+            self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.finished_step = self.step_count
         self.block_manager.free(seq)
-        self.running.remove(seq)
 
     def abort(self, seq: Sequence, reason: str = "abort") -> None:
         """Remove a sequence wherever it is (waiting or running)."""

@@ -13,6 +13,9 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"
+    # Async scheduling: its last token is in flight and ends it by length, so it has left the
+    # running set and given back its blocks; the token is applied when its step lands.
+    DRAINING = "draining"
     FINISHED = "finished"
 
 

@@ -152,3 +152,39 @@ def test_scheduler_and_block_manager_need_no_torch():
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def _pending(seq: Sequence) -> None:
+    """What the async engine does after launching a step in which ``seq`` samples."""
+    seq.token_ids.append(-1)
+    seq.num_pending_tokens = 1
+
+
+def test_a_sequence_whose_token_in_flight_ends_it_frees_its_slot_at_once():
+    """Async scheduling: a token in flight that reaches max_tokens is known to end the sequence,
+    so the next schedule neither runs it past its end nor keeps its slot and blocks from the queue."""
+    sched = scheduler(num_blocks=4)
+    sched.max_num_seqs = 1
+    a, b = make_seq("a", [1] * 3, max_tokens=1), make_seq("b", [2] * 3)
+    sched.add(a)
+    sched.add(b)
+    assert [it.seq for it in sched.schedule().items] == [a]
+    _pending(a)
+    batch = sched.schedule()
+    assert [it.seq for it in batch.items] == [b]  # admitted in a's place
+    assert a.status is SequenceStatus.DRAINING and a.block_table == [] and a not in sched.running
+    assert sched.update({a: 7, b: 8}) == [a]
+    assert a.token_ids == [1, 1, 1, 7] and a.finish_reason == "length" and a.status is SequenceStatus.FINISHED
+    assert sched.running == [b]
+
+
+def test_a_sequence_preempted_while_its_stop_token_is_in_flight_finishes_from_the_queue():
+    sched = scheduler(eos_token_ids=frozenset({EOS}))
+    a = make_seq("a", [1] * 3)
+    sched.add(a)
+    sched.schedule()
+    _pending(a)
+    sched.preempt(a)
+    assert a in sched.waiting and sched.schedule().items == []  # not admitted before its token lands
+    assert sched.update({a: EOS}) == [a]
+    assert a.finish_reason == "stop" and a not in sched.waiting and not sched.has_unfinished()
