@@ -11,10 +11,9 @@ from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.cuda_profile import profile_cuda_blocks
 from engine.device_features import DeviceFeatures
-from engine.device_sampler import sample_on_device
 from engine.kv_cache import allocate_kv_pool, blocks_from_budget, bytes_per_block
 from engine.models.llama import LlamaForCausalLM
-from engine.sampler import sample
+from engine.sampler import sample, sample_on_device
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
 from engine.step_inputs import StepInputs, build_step_inputs

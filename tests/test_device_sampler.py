@@ -1,4 +1,4 @@
-"""The device sampler (whole-batch ops, counter-based noise), run here on CPU tensors."""
+"""The sampler's whole-batch filters, and the GPU's counter-based noise run here on CPU tensors."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import math
 
 import torch
 
-from engine.device_sampler import exponential_noise, filter_top_k_top_p, sample_on_device
-from engine.sampler import make_generator
+from engine.sampler import exponential_noise, filter_top_k_top_p, make_generator, sample, sample_on_device
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
@@ -50,16 +49,39 @@ def test_frequencies_follow_the_softmax():
 
 
 def test_top_k_and_top_p_keep_exactly_the_allowed_tokens():
-    logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]] * 3))
-    kept = filter_top_k_top_p(logits, torch.tensor([2, 0, 0]), torch.tensor([1.0, 0.8, 0.45]))
+    logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]] * 4))
+    kept = filter_top_k_top_p(logits, torch.tensor([2, 0, 0, 3]), torch.tensor([1.0, 0.8, 0.45, 0.75]))
     assert torch.isfinite(kept).tolist() == [
         [True, True, False, False, False],  # top-k 2
         [True, True, True, False, False],  # 0.5 + 0.2 < 0.8 <= 0.85
         [True, False, False, False, False],  # the first token alone reaches 0.45
+        [True, True, False, False, False],  # top-k 3 renormalised: 0.59 + 0.24 reaches 0.75
     ]
     seqs = [seq(i, top_k=2) for i in range(200)]
     drawn = set(sample_on_device(logits[:1].expand(200, 5).clone(), seqs).tolist())
     assert drawn == {0, 1}
+
+
+def test_the_cpu_sampler_draws_with_each_requests_generator():
+    """The batched CPU path gives what one row at a time gives (the sampler before batching)."""
+    logits = torch.randn(5, 200, generator=torch.Generator().manual_seed(4))
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.9, top_k=30, top_p=0.8, seed=1),
+              SamplingParams(temperature=1.3, seed=2), SamplingParams(temperature=0.5, top_p=0.5, seed=3),
+              SamplingParams(temperature=0.0)]
+    batched = sample(logits, params, [make_generator(i) for i in range(5)])
+    for i, p in enumerate(params):
+        g = make_generator(i)
+        row = logits[i] / (p.temperature or 1.0)
+        if p.top_k:
+            row = row.masked_fill(row < torch.topk(row, p.top_k).values[-1], float("-inf"))
+        if p.top_p < 1:
+            s, order = torch.sort(row, descending=True)
+            pr = torch.softmax(s, -1)
+            s = s.masked_fill(pr.cumsum(-1) - pr > p.top_p, float("-inf"))
+            row = torch.full_like(row, float("-inf")).scatter(0, order, s)
+        probs = torch.softmax(row, -1)
+        want = int(logits[i].argmax()) if p.greedy else int(torch.argmax(probs / torch.empty_like(probs).exponential_(1.0, generator=g)))
+        assert batched[i] == want
 
 
 def test_noise_is_exponential():
