@@ -5,6 +5,7 @@ nothing here knows about the engine, Celery or job specs. Storage formats live h
 file names, Parquet footer keys, JSONL serialisation.
 """
 
+from connectors.checkpoints import LoadedChunk, ShardCheckpoint, checkpoint_url
 from connectors.credentials import CredentialError, literal_credentials
 from connectors.jsonl_files import file_set_is_current, holds_text, read_lines, write_file_set
 from connectors.manifest import (
@@ -46,13 +47,16 @@ from connectors.storage import (
 
 __all__ = [
     "CredentialError",
+    "LoadedChunk",
     "MergedLines",
     "PartId",
     "PartWriter",
     "Record",
     "ShardReadError",
+    "ShardCheckpoint",
     "ShardRef",
     "StorageError",
+    "checkpoint_url",
     "detect_format",
     "file_set_is_current",
     "filesystem_for",

@@ -64,7 +64,9 @@ class ShardDriver:
     returns True the open shards are aborted and every shard not yet finished comes back
     ``cancelled``. ``engine_factory`` builds a fresh engine after a step fault that was no
     single request's (the shards it held fail, transiently). ``on_step`` (metrics) is called
-    with the engine and each step's seconds.
+    with the engine and each step's seconds. ``hand_back`` is asked when a stop is requested:
+    True (the worker is shutting down, the shards go back to the queue) checkpoints every open
+    shard's finished rows before it is dropped, so whoever takes it next starts after them.
     """
 
     def __init__(
@@ -79,11 +81,12 @@ class ShardDriver:
         engine_factory: Callable[[], ShardEngine] | None = None,
         worker: str | None = None,
         on_step: Callable[[ShardEngine, float], None] | None = None,
+        hand_back: Callable[[], bool] | None = None,
     ) -> None:
         validate_prompt(plan.prompt)
         self.plan, self.cross_shard = plan, cross_shard
         self.on_progress, self.should_stop, self.on_step = on_progress, should_stop, on_step
-        self.engine_factory = engine_factory
+        self.engine_factory, self.hand_back = engine_factory, hand_back
         self.max_queued = max_queued or 2 * engine.config.max_num_seqs
         self.max_held = self.max_queued + HELD_ROWS
         self.read_batch = max(1, min(256, self.max_queued))
@@ -154,7 +157,8 @@ class ShardDriver:
                 yield self._outcome(shard.ref, ShardState.FAILED, shard.started, None, shard.sink.failed,
                                     shard.sink.transient)
             else:
-                yield self._outcome(shard.ref, ShardState.DONE, shard.started, shard.sink.counts)
+                yield self._outcome(shard.ref, ShardState.DONE, shard.started, shard.sink.counts,
+                                    resumed=shard.sink.resumed)
 
     def _stop_requested(self) -> bool:
         if self.should_stop is None:
@@ -170,9 +174,16 @@ class ShardDriver:
             return False
 
     def _cancel_all(self, opened: list[OpenShard], feed: ShardFeed) -> Iterator[ShardOutcome]:
+        handing_back = self.hand_back is not None and self.hand_back()
         for shard in opened:
+            reason = "job cancelled"
+            if handing_back:
+                self.in_flight.drop_shard(shard)  # rows in flight are lost; every finished one is kept
+                saved = shard.sink.save_checkpoint()
+                reason = f"handed back, its first {saved} rows checkpointed" if shard.sink.checkpoint else "handed back"
+                log.warning("shard %d: %s", shard.ref.index, reason)
             self._fail_shard(shard, "cancelled", transient=False)
-            yield self._outcome(shard.ref, ShardState.CANCELLED, shard.started, reason="job cancelled")
+            yield self._outcome(shard.ref, ShardState.CANCELLED, shard.started, reason=reason)
         while (ref := feed.next_shard(wait=False)) is not None:
             yield self._outcome(ref, ShardState.CANCELLED, time.perf_counter(), reason="job cancelled")
 
@@ -275,7 +286,7 @@ class ShardDriver:
 
     def _outcome(
         self, ref: ShardRef, state: ShardState, started: float, counts: ShardCounts | None = None,
-        reason: str | None = None, transient: bool = False,
+        reason: str | None = None, transient: bool = False, resumed: int = 0,
     ) -> ShardOutcome:
         """A shard's final outcome, with the engine's counters; reported to the progress callback too."""
         try:
@@ -286,7 +297,7 @@ class ShardDriver:
         outcome = ShardOutcome(
             ref.index, ref.url, state, replace(counts) if counts else ShardCounts(), reason=reason,
             transient=transient, seconds=round(time.perf_counter() - started, 3), worker=self.worker,
-            part=ref.part_id, engine=stats,
+            part=ref.part_id, engine=stats, rows_resumed=resumed,
         )
         self._notify(outcome)
         return outcome

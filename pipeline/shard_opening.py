@@ -2,7 +2,9 @@
 
 Opening decides first whether the shard needs running at all: a part that is already
 current (same input, same plan) is skipped, reading its counts from the part's footer, and
-a shard that cannot be opened ends as failed, before any row is read.
+a shard that cannot be opened ends as failed, before any row is read. A shard that an
+earlier attempt checkpointed goes on after its checkpoint: the rows it holds are read
+(rows are positions, so they must be) but never prepared or computed again.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class OpenShard:
     exhausted: bool = False  # nothing more to read (or reading stopped)
     in_flight: set[str] = field(default_factory=set)  # its request ids in the engine
     rows_read: int = 0
+    skip: int = 0  # rows still to pass over unread: the checkpoint holds them
 
     @property
     def held(self) -> int:
@@ -63,6 +66,10 @@ class OpenShard:
             return str(exc), False
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}", is_transient(exc)
+        if self.skip:
+            passed, batch = batch[: self.skip], batch[self.skip :]
+            self.skip -= len(passed)
+            self.rows_read += len(passed)
         self.buffer.extend(preparation.order(batch, self.rows_read))
         self.rows_read += len(batch)
         return None
@@ -95,4 +102,14 @@ def open_shard(plan: JobPlan, ref: ShardRef, schema: pa.Schema, batch_size: int)
     except Exception as exc:
         return ShardEnd(ShardState.FAILED, f"{type(exc).__name__}: {exc}", transient=is_transient(exc))
     sink = PartSink(plan, ref, schema)
-    return OpenShard(ref, batches, sink, ShardOutcome(ref.index, ref.url, ShardState.RUNNING, sink.counts))
+    try:
+        resume = sink.resume()
+    except Exception as exc:  # the part's local file cannot be written
+        sink.discard()
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+        return ShardEnd(ShardState.FAILED, f"cannot resume from the checkpoint: {type(exc).__name__}: {exc}",
+                        transient=is_transient(exc))
+    progress = ShardOutcome(ref.index, ref.url, ShardState.RUNNING, sink.counts, rows_resumed=resume)
+    return OpenShard(ref, batches, sink, progress, skip=resume)
