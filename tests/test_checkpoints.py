@@ -1,4 +1,5 @@
-"""Checkpoints inside a shard, with the fake engine (no model), on local files and on S3 (moto).
+"""Checkpoints inside a shard, with the fake engine (no model), on local files and on S3 (moto
+and SeaweedFS).
 
 A "kill" here is an exception no handler catches, raised from the progress callback once the
 shard has enough rows done: the driver stops where it is, like a worker killed there (its
@@ -13,6 +14,7 @@ import hashlib
 import io
 import json
 import types
+import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -56,26 +58,39 @@ class Where:
     input_url: str
     output_url: str
     options: dict[str, Any]
+    client: Any = None  # boto3, for S3: test setup that bypasses the code under test
 
     def put(self, name: str, data: bytes) -> None:
-        fs, path = filesystem_for(f"{self.input_url}/{name}", self.options)
-        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        fs.pipe_file(path, data)
+        if self.client is None:
+            Path(self.input_url, name).write_bytes(data)
+            return
+        bucket, key = self.input_url.removeprefix("s3://").split("/", 1)
+        self.client.put_object(Bucket=bucket, Key=f"{key}/{name}", Body=data)
 
     def files(self, url: str) -> list[str]:
+        """Names of the objects under ``url`` (SeaweedFS also lists folders left empty: not objects)."""
         fs, path = filesystem_for(url, self.options)
         fs.invalidate_cache()
-        return sorted(p.rsplit("/", 1)[1] for p in fs.find(path)) if fs.exists(path) else []
+        found = fs.find(path, detail=True) if fs.exists(path) else {}
+        return sorted(p.rsplit("/", 1)[1] for p, info in found.items() if info.get("type") == "file" and info.get("size"))
 
 
-@pytest.fixture(params=["local", "moto"])
+@pytest.fixture(params=["local", "moto", "seaweedfs"])
 def where(request, tmp_path: Path) -> Where:
     if request.param == "local":
         (tmp_path / "in").mkdir()
         return Where(str(tmp_path / "in"), str(tmp_path / "out"), {})
-    server = request.getfixturevalue("s3_server")
-    bucket = request.getfixturevalue("s3_bucket")
-    return Where(f"s3://{bucket}/in", f"s3://{bucket}/out", server.storage_options)
+    server = request.getfixturevalue("s3_server" if request.param == "moto" else "seaweedfs_server")
+    if not server.running:  # a fault test may have left it stopped
+        server.start()
+    # one bucket per server, a folder per test: SeaweedFS gives each bucket volumes of its own
+    # and runs out of them after a few buckets
+    # (a server stopped and started again by a fault test is empty)
+    bucket = getattr(server, "checkpoint_bucket", None)
+    if bucket is None or bucket not in {b["Name"] for b in server.client().list_buckets()["Buckets"]}:
+        server.checkpoint_bucket = server.make_bucket()
+    root = f"s3://{server.checkpoint_bucket}/{uuid.uuid4().hex[:8]}"
+    return Where(f"{root}/in", f"{root}/out", server.storage_options, server.client())
 
 
 def _shard(where: Where, rows: int = ROWS, name: str = "docs.jsonl") -> list[str]:
