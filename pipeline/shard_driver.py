@@ -14,8 +14,9 @@ a failing row hook or an engine fault each become an output row with ``error`` s
 A shard that cannot be read at all is reported ``failed`` and writes no part.
 
 This module only drives (feed, admission, steps, faults, cancelling): rows become
-requests in ``pipeline.row_preparation``, their requests are tracked in
-``pipeline.in_flight``, finished rows take their shape in ``pipeline.result_rows`` and
+requests in ``pipeline.row_preparation``, a row that need not be computed (an unchanged row
+of the previous part, or one identical to a row of this run) takes its result through
+``pipeline.row_sharing``, requests are tracked in ``pipeline.in_flight``, finished rows take their shape in ``pipeline.result_rows`` and
 reach the part through ``pipeline.part_sink``. The engine is anything with the members of
 ``pipeline.shard_engine.ShardEngine``.
 """
@@ -39,6 +40,7 @@ from pipeline.prompts import validate_prompt
 from pipeline.result_rows import ResultRows
 from pipeline.row_preparation import PreparedRow, RowPreparation
 from pipeline.row_requests import RequestBuilder
+from pipeline.row_sharing import RowSharing
 from pipeline.shard_engine import ShardEngine
 from pipeline.shard_feed import ListFeed, ShardFeed
 from pipeline.shard_opening import OpenShard, ShardEnd, open_shard
@@ -95,6 +97,7 @@ class ShardDriver:
         self.in_flight = InFlightRequests(engine, uuid.uuid4().hex[:8])
         self._use_engine(engine)
         self.results = ResultRows(plan, self.schema)
+        self.sharing = RowSharing(plan)
         self._last_stop_check = 0.0
 
     def _use_engine(self, engine: ShardEngine) -> None:
@@ -141,6 +144,8 @@ class ShardDriver:
                 yield from self._finish_ready(opened)
                 if not opened and not more:
                     return
+                for orphan in self.in_flight.take_orphans():  # the row they followed was dropped
+                    self._admit_row(orphan.shard, orphan.row)
                 if self.in_flight:
                     self._step()
         finally:
@@ -157,8 +162,7 @@ class ShardDriver:
                 yield self._outcome(shard.ref, ShardState.FAILED, shard.started, None, shard.sink.failed,
                                     shard.sink.transient)
             else:
-                yield self._outcome(shard.ref, ShardState.DONE, shard.started, shard.sink.counts,
-                                    resumed=shard.sink.resumed)
+                yield self._outcome(shard.ref, ShardState.DONE, shard.started, shard.sink.counts, shard=shard)
 
     def _stop_requested(self) -> bool:
         if self.should_stop is None:
@@ -192,12 +196,7 @@ class ShardDriver:
         """Admit one buffered row, or read the next batch into the buffer. False (nothing done)
         while the shard holds ``max_held`` unspooled rows and some of them are in the engine."""
         if shard.buffer:
-            row = shard.buffer.popleft()
-            subs = self.preparation.requests(row)
-            error = subs if isinstance(subs, str) else self.in_flight.add(shard, row, subs)
-            if error is not None:
-                tokens = 0 if isinstance(subs, str) else sum(len(s.token_ids) for s in subs)
-                self._complete(shard, row, self.results.build(row.record, error=error, prompt_tokens=tokens))
+            self._admit_row(shard, shard.buffer.popleft())
             return True
         if shard.held >= self.max_held:
             if shard.in_flight:
@@ -209,6 +208,22 @@ class ShardDriver:
         if failure is not None:
             self._fail_shard(shard, *failure)
         return True
+
+    def _admit_row(self, shard: OpenShard, row: PreparedRow) -> None:
+        """Into the engine, unless the row takes an earlier result or is an error row."""
+        subs = self.preparation.requests(row)
+        if isinstance(subs, str):
+            self._complete(shard, row, self.results.build(row.record, error=subs, prompt_tokens=0))
+            return
+        row.key, share, values = self.sharing.decide(shard, subs)
+        if values is not None:
+            self._complete(shard, row, self.results.build(row.record, **values, content_key=row.key))
+            return
+        error = self.in_flight.add(shard, row, subs, share)
+        if error is not None:
+            tokens = sum(len(s.token_ids) for s in subs)
+            self._complete(shard, row, self.results.build(row.record, error=error, prompt_tokens=tokens,
+                                                          content_key=row.key))
 
     def _fail_shard(self, shard: OpenShard, reason: str, transient: bool) -> None:
         shard.sink.abandon(reason, transient=transient)
@@ -253,9 +268,17 @@ class ShardDriver:
             except Exception as exc:  # scoring a finished row must cost the row only
                 log.exception("cannot build the result of row %d", record.row_number)
                 values = {"error": f"row {record.row_number}: {type(exc).__name__}: {exc}"}
-            row = self.results.build(record, **values, latency_s=time.perf_counter() - inf.admitted_at)
+            now = time.perf_counter()
+            row = self.results.build(record, **values, latency_s=now - inf.admitted_at, content_key=inf.row.key)
             self._complete(inf.shard, inf.row, row, notify=False)
             touched[inf.shard.ref.index] = inf.shard
+            if inf.group.key is not None:  # rows identical to it take its result
+                self.sharing.remember(inf.group.key, values)
+                for f in self.in_flight.release_followers(inf.group):
+                    f.shard.rows_shared += 1
+                    self._complete(f.shard, f.row, self.results.build(
+                        f.row.record, **values, latency_s=now - f.admitted_at, content_key=inf.group.key), notify=False)
+                    touched[f.shard.ref.index] = f.shard
         for shard in touched.values():
             self._notify(shard.progress)
 
@@ -286,7 +309,7 @@ class ShardDriver:
 
     def _outcome(
         self, ref: ShardRef, state: ShardState, started: float, counts: ShardCounts | None = None,
-        reason: str | None = None, transient: bool = False, resumed: int = 0,
+        reason: str | None = None, transient: bool = False, shard: OpenShard | None = None,
     ) -> ShardOutcome:
         """A shard's final outcome, with the engine's counters; reported to the progress callback too."""
         try:
@@ -297,8 +320,11 @@ class ShardDriver:
         outcome = ShardOutcome(
             ref.index, ref.url, state, replace(counts) if counts else ShardCounts(), reason=reason,
             transient=transient, seconds=round(time.perf_counter() - started, 3), worker=self.worker,
-            part=ref.part_id, engine=stats, rows_resumed=resumed,
+            part=ref.part_id, engine=stats,
         )
+        if shard is not None:
+            outcome.rows_resumed, outcome.rows_reused = shard.sink.resumed, shard.rows_reused
+            outcome.rows_shared = shard.rows_shared
         self._notify(outcome)
         return outcome
 

@@ -21,6 +21,7 @@ from connectors import Record, ShardReadError, ShardRef, is_transient, part_is_c
 from pipeline.part_info import read_part_counts
 from pipeline.part_sink import PartSink
 from pipeline.plan import JobPlan
+from pipeline.previous_rows import PreviousRows, load_previous_rows
 from pipeline.row_preparation import PreparedRow, RowPreparation
 from pipeline.shard_outcome import ShardCounts, ShardOutcome, ShardState
 
@@ -49,6 +50,9 @@ class OpenShard:
     in_flight: set[str] = field(default_factory=set)  # its request ids in the engine
     rows_read: int = 0
     skip: int = 0  # rows still to pass over unread: the checkpoint holds them
+    previous: PreviousRows | None = None  # the previous part's results by content key
+    rows_reused: int = 0  # rows taken from the previous part
+    rows_shared: int = 0  # rows that took the result of an identical row of this run
 
     @property
     def held(self) -> int:
@@ -112,4 +116,4 @@ def open_shard(plan: JobPlan, ref: ShardRef, schema: pa.Schema, batch_size: int)
         return ShardEnd(ShardState.FAILED, f"cannot resume from the checkpoint: {type(exc).__name__}: {exc}",
                         transient=is_transient(exc))
     progress = ShardOutcome(ref.index, ref.url, ShardState.RUNNING, sink.counts, rows_resumed=resume)
-    return OpenShard(ref, batches, sink, progress, skip=resume)
+    return OpenShard(ref, batches, sink, progress, skip=resume, previous=load_previous_rows(plan, ref))
