@@ -97,7 +97,7 @@ class ShardDriver:
         self.in_flight = InFlightRequests(engine, uuid.uuid4().hex[:8])
         self._use_engine(engine)
         self.results = ResultRows(plan, self.schema)
-        self.sharing = RowSharing(plan)
+        self.sharing = RowSharing(plan, self.in_flight, self.results, self._complete)
         self._last_stop_check = 0.0
 
     def _use_engine(self, engine: ShardEngine) -> None:
@@ -212,16 +212,9 @@ class ShardDriver:
     def _admit_row(self, shard: OpenShard, row: PreparedRow) -> None:
         """Into the engine, unless the row takes an earlier result or is an error row."""
         subs = self.preparation.requests(row)
-        if isinstance(subs, str):
-            self._complete(shard, row, self.results.build(row.record, error=subs, prompt_tokens=0))
-            return
-        row.key, share, values = self.sharing.decide(shard, subs)
-        if values is not None:
-            self._complete(shard, row, self.results.build(row.record, **values, content_key=row.key))
-            return
-        error = self.in_flight.add(shard, row, subs, share)
+        error = subs if isinstance(subs, str) else self.sharing.admit(shard, row, subs)
         if error is not None:
-            tokens = sum(len(s.token_ids) for s in subs)
+            tokens = 0 if isinstance(subs, str) else sum(len(s.token_ids) for s in subs)
             self._complete(shard, row, self.results.build(row.record, error=error, prompt_tokens=tokens,
                                                           content_key=row.key))
 
@@ -271,14 +264,8 @@ class ShardDriver:
             now = time.perf_counter()
             row = self.results.build(record, **values, latency_s=now - inf.admitted_at, content_key=inf.row.key)
             self._complete(inf.shard, inf.row, row, notify=False)
-            touched[inf.shard.ref.index] = inf.shard
-            if inf.group.key is not None:  # rows identical to it take its result
-                self.sharing.remember(inf.group.key, values)
-                for f in self.in_flight.release_followers(inf.group):
-                    f.shard.rows_shared += 1
-                    self._complete(f.shard, f.row, self.results.build(
-                        f.row.record, **values, latency_s=now - f.admitted_at, content_key=inf.group.key), notify=False)
-                    touched[f.shard.ref.index] = f.shard
+            for shard in (inf.shard, *self.sharing.fan_out(inf, values, now)):  # identical rows take it too
+                touched[shard.ref.index] = shard
         for shard in touched.values():
             self._notify(shard.progress)
 
