@@ -14,10 +14,11 @@ a failing row hook or an engine fault each become an output row with ``error`` s
 A shard that cannot be read at all is reported ``failed`` and writes no part.
 
 This module only drives (feed, admission, steps, faults, cancelling): rows become
-requests in ``pipeline.row_preparation``, a row that need not be computed (an unchanged row
-of the previous part, or one identical to a row of this run) takes its result through
-``pipeline.row_sharing``, requests are tracked in ``pipeline.in_flight``, finished rows take their shape in ``pipeline.result_rows`` and
-reach the part through ``pipeline.part_sink``. The engine is anything with the members of
+requests in ``pipeline.row_preparation``, a row that need not be computed (an unchanged
+row of the previous part, or one identical to a row of this run) takes its result through
+``pipeline.row_sharing``, requests are tracked in ``pipeline.in_flight``, finished rows
+take their shape in ``pipeline.result_rows`` and reach the part through
+``pipeline.part_sink``. The engine is anything with the members of
 ``pipeline.shard_engine.ShardEngine``.
 """
 

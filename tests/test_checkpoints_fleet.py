@@ -39,9 +39,6 @@ from test_celery_fleet import (  # _forget_job_state: autouse, forgets the ids i
 from connectors import ShardCheckpoint, list_shards, read_manifest, read_parts, success_marker_exists
 from pipeline.fleet import job_status, wait_for_job
 
-MAX_NUM_SEQS = 8  # tiny_engine's; the driver keeps at most twice that many requests in the engine
-IN_FLIGHT = 2 * MAX_NUM_SEQS
-
 
 @pytest.fixture(scope="module")
 def pause_dir(tmp_path_factory) -> Path:
@@ -69,6 +66,11 @@ def _job(s3_server, bucket: str, model_dir: Path, tag: str, rows: int, checkpoin
                      sampling={"max_tokens": 4, "temperature": 0.0, "ignore_eos": True},
                      checkpoint_rows=checkpoint_rows, checkpoint_seconds=0)
     return plan, ids
+
+
+def _in_flight(plan) -> int:
+    """The most rows a worker's driver keeps in the engine: twice the engine's max_num_seqs."""
+    return 2 * plan.engine["max_num_seqs"]
 
 
 def _running(job_id: str) -> dict[str, Any] | None:
@@ -126,9 +128,9 @@ def test_kill9_at_80_percent_of_a_5000_row_shard_recomputes_one_interval_at_most
     pid, done = wait_until(frozen, 180, "the worker at 80% of the shard", interval=0.1)
     committed = _committed(plan, s3_server)
     fleet.by_pid(pid).kill()  # SIGKILL: no ack, no checkpoint, no cleanup
-    # rows done and not committed: at most one interval plus the rows in flight (the driver keeps
-    # at most 2 x max_num_seqs requests in the engine, and rows finish in order here)
-    assert 0 <= done - committed <= every + IN_FLIGHT, (done, committed)
+    # rows done and not committed: at most one interval plus the rows in flight (rows finish in
+    # input order here: every one has the same budget)
+    assert 0 <= done - committed <= every + _in_flight(plan), (done, committed)
 
     entry = _exactly_once(fleet, plan, ids, job_id, s3_server)
     assert entry["status"] == "done" and not entry["worker"].endswith(f":{pid}")
@@ -152,7 +154,7 @@ def test_sigterm_with_no_grace_checkpoints_the_shard_and_another_worker_resumes_
                       r"; requeued", log)
     assert saved, log[-3000:]
     saved_rows = int(saved.group(1))
-    assert saved_rows >= shard["rows_done"] - IN_FLIGHT
+    assert saved_rows >= shard["rows_done"] - _in_flight(plan)
 
     entry = _exactly_once(fleet, plan, ids, job_id, s3_server)
     assert entry["rows_resumed"] == saved_rows  # nothing committed was computed again
