@@ -265,3 +265,22 @@ def test_checkpoints_by_time_and_none_when_off(where: Where, monkeypatch) -> Non
     engine = CountingEngine()
     (outcome,) = _run(off, engine)
     assert outcome.rows_resumed == 0 and len(engine.rows) == ROWS
+
+
+def test_the_spec_sets_the_interval_and_refuses_a_negative_one(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from jobs.spec import JobSpec
+    from pipeline.plan import DEFAULT_CHECKPOINT_ROWS, DEFAULT_CHECKPOINT_SECONDS
+
+    def spec(**output: Any) -> JobSpec:
+        return JobSpec.from_dict({"name": "ckpt", "input": {"url": "in/"}, "output": {"url": "out/", **output}},
+                                 base_dir=tmp_path)
+
+    plan = spec().to_plan("j")
+    assert (plan.checkpoint_rows, plan.checkpoint_seconds) == (DEFAULT_CHECKPOINT_ROWS, DEFAULT_CHECKPOINT_SECONDS)
+    assert plan.checkpoints and plan.part_fingerprint("x") == replace(plan, checkpoint_rows=7).part_fingerprint("x")
+    off = spec(checkpoint_rows=0, checkpoint_seconds=0).to_plan("j")
+    assert not off.checkpoints
+    with pytest.raises(ValidationError, match="checkpoint_seconds"):
+        spec(checkpoint_seconds=-1)
