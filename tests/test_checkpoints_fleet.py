@@ -129,8 +129,9 @@ def test_kill9_at_80_percent_of_a_5000_row_shard_recomputes_one_interval_at_most
     committed = _committed(plan, s3_server)
     fleet.by_pid(pid).kill()  # SIGKILL: no ack, no checkpoint, no cleanup
     # rows done and not committed: at most one interval plus the rows in flight (rows finish in
-    # input order here: every one has the same budget)
-    assert 0 <= done - committed <= every + _in_flight(plan), (done, committed)
+    # input order here: every one has the same budget). ``done`` is the worker's last report (at
+    # most a second old), so a checkpoint after it may hold more rows than it says.
+    assert committed > 0 and done - committed <= every + _in_flight(plan), (done, committed)
 
     entry = _exactly_once(fleet, plan, ids, job_id, s3_server)
     assert entry["status"] == "done" and not entry["worker"].endswith(f":{pid}")
