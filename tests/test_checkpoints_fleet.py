@@ -165,7 +165,7 @@ def test_s3_frozen_between_a_chunk_and_its_record_and_the_worker_killed_there(
     fleet, s3_server, s3_bucket, tiny_model_dir, pause_dir
 ) -> None:
     fleet.ensure(2)
-    plan, ids = _job(s3_server, s3_bucket, tiny_model_dir, "ckpt-freeze", 1500, 300)
+    plan, ids = _job(s3_server, s3_bucket, tiny_model_dir, "ckpt-freeze", 2400, 300)  # 7 checkpoints to catch
     job_id = fleet.submit(plan)
     wait_until(lambda: _committed(plan, s3_server) > 0, 180, "a first checkpoint")
     pause_dir.mkdir()  # arm: the next checkpoint stops between its chunk and its record
