@@ -52,7 +52,11 @@ def load_previous_rows(plan: JobPlan, ref: ShardRef) -> PreviousRows | None:
     table = read_part_if_any(plan.output_url, ref.part_id, ["content_key", "error", *columns], plan.output_options)
     if table is None or not {"content_key", "error", *columns} <= set(table.column_names):
         return None
-    rows = PreviousRows(table, columns)
+    try:
+        rows = PreviousRows(table, columns)
+    except Exception as exc:  # a part this code did not write: compute every row, as without one
+        log.warning("cannot index the previous part %s: %s: %s", ref.part_id, type(exc).__name__, exc)
+        return None
     if rows:
         log.info("part %s: %d rows of the previous part may be taken", ref.part_id, len(rows))
     return rows or None
