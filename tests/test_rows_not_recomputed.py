@@ -148,3 +148,22 @@ def test_a_rerun_on_the_tiny_model_and_s3_takes_the_unchanged_rows(s3_server, s3
     after = read_parts(plan.output_url, plan.output_options)
     assert after.slice(0, 40).equals(before)
     assert read_manifest(plan.output_url, plan.output_options)["totals"]["rows"] == 44
+
+
+def test_nothing_is_taken_from_a_part_of_another_prompt_sampling_or_model(where: Where) -> None:
+    where.put("docs.jsonl", jsonl_bytes(_docs(30)))
+    plan = make_plan(where.input_url, where.output_url, MODEL, storage_options=where.options)
+    _run(plan, CountingEngine())
+    where.put("docs.jsonl", jsonl_bytes(_docs(31)))  # the input changed: the part is not current
+    others = [
+        replace(plan, prompt=replace(plan.prompt, system="Summarize in French.")),
+        replace(plan, sampling={**plan.sampling, "max_tokens": 3}),
+        replace(plan, engine={**plan.engine, "model": "another-model"}),
+    ]
+    for other in others:
+        engine = CountingEngine()
+        (outcome,) = _run(other, engine)
+        assert outcome.rows_reused == 0 and len(engine.rows) == 31  # every row computed
+    engine = CountingEngine()
+    (outcome,) = _run(plan, engine)  # the last run's part is the model's: nothing from it either
+    assert outcome.rows_reused == 0 and len(engine.rows) == 31
