@@ -53,7 +53,8 @@ class PartSink:
         self.checkpointed = 0  # rows [0, checkpointed) are in the checkpoint's chunks
         self.resumed = 0  # of those, rows an earlier attempt computed
         self.pending: list[pa.Table] = []  # spooled since the last checkpoint: rows [checkpointed, spooled)
-        self._last_checkpoint = time.monotonic()
+        self._last_checkpoint = time.monotonic()  # the last attempt, and the row count the next is due at:
+        self._rows_due = plan.checkpoint_rows  # a failed attempt waits a whole interval too
 
     def resume(self) -> int:
         """Take the rows of the checkpoint an earlier attempt left (only chunks that pass every
@@ -66,6 +67,7 @@ class PartSink:
             for i, line in enumerate(chunk.lines or ()):
                 self.openai_lines[chunk.entry.start + i] = line
             self.spooled = self.checkpointed = self.resumed = chunk.entry.end
+            self._rows_due = self.resumed + self.plan.checkpoint_rows
         if self.resumed:
             log.info("part %s resumes from its checkpoint at row %d", self.ref.part_id, self.resumed)
         return self.resumed
@@ -100,20 +102,20 @@ class PartSink:
             self.save_checkpoint()
 
     def _checkpoint_due(self) -> bool:
-        """Whether ``checkpoint_rows`` rows continue the part past the last checkpoint, or
-        ``checkpoint_seconds`` have passed and at least one does."""
+        """Whether ``checkpoint_rows`` rows continue the part past the last attempt, or
+        ``checkpoint_seconds`` have passed since it and at least one row is new."""
         plan = self.plan
-        ready = self.spooled + len(self.rows) - self.checkpointed  # at most this many continue the part
-        if ready <= 0:
+        ready = self.spooled + len(self.rows)  # the part's prefix ends at most here
+        if ready <= self.checkpointed:
             return False
         timely = plan.checkpoint_seconds > 0 and time.monotonic() - self._last_checkpoint >= plan.checkpoint_seconds
-        if not timely and (plan.checkpoint_rows <= 0 or ready < plan.checkpoint_rows):
+        if not timely and (plan.checkpoint_rows <= 0 or ready < self._rows_due):
             return False
         run = 0
         while self.spooled + run in self.rows:
             run += 1
-        done = self.spooled + run - self.checkpointed
-        return done > 0 and (timely or done >= plan.checkpoint_rows)
+        end = self.spooled + run
+        return end > self.checkpointed and (timely or end >= self._rows_due)
 
     def save_checkpoint(self) -> int:
         """Commit the finished rows that continue the part as the checkpoint's next chunk; returns
@@ -123,6 +125,7 @@ class PartSink:
             return self.checkpointed
         self.spool()
         self._last_checkpoint = time.monotonic()
+        self._rows_due = self.spooled + self.plan.checkpoint_rows
         if self.failed is not None or self.spooled == self.checkpointed:
             return self.checkpointed
         table = pa.concat_tables(self.pending)

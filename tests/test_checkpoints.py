@@ -284,3 +284,21 @@ def test_the_spec_sets_the_interval_and_refuses_a_negative_one(tmp_path: Path) -
     assert not off.checkpoints
     with pytest.raises(ValidationError, match="checkpoint_seconds"):
         spec(checkpoint_seconds=-1)
+
+
+def test_a_checkpoint_that_cannot_be_written_costs_only_the_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    """The store refuses every chunk: the shard still ends done with every row, and a failed
+    checkpoint is tried again only an interval later, not at every finished row."""
+    (tmp_path / "in").mkdir()
+    where = Where(str(tmp_path / "in"), str(tmp_path / "out"), {})
+    ids = _shard(where)
+    attempts: list[int] = []
+
+    def refuse(self, table, start, lines=None):
+        attempts.append(start + table.num_rows)
+        raise ConnectionError("injected: the object store is down")
+
+    monkeypatch.setattr(ShardCheckpoint, "save", refuse)
+    (outcome,) = _run(_plan(where), CountingEngine())
+    assert outcome.state == ShardState.DONE and read_parts(where.output_url).column("id").to_pylist() == ids
+    assert attempts == list(range(20, ROWS + 1, 20))  # each chunk tried once per 20 rows, not per row
