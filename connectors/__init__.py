@@ -5,6 +5,7 @@ nothing here knows about the engine, Celery or job specs. Storage formats live h
 file names, Parquet footer keys, JSONL serialisation.
 """
 
+from connectors.checkpoints import LoadedChunk, ShardCheckpoint, checkpoint_url
 from connectors.credentials import CredentialError, literal_credentials
 from connectors.jsonl_files import file_set_is_current, holds_text, read_lines, write_file_set
 from connectors.manifest import (
@@ -26,6 +27,7 @@ from connectors.parquet_sink import (
     read_part_columns,
     read_part_footer,
     read_part_head,
+    read_part_if_any,
     read_part_result,
     read_parts,
     remove_stale_parts,
@@ -46,13 +48,16 @@ from connectors.storage import (
 
 __all__ = [
     "CredentialError",
+    "LoadedChunk",
     "MergedLines",
     "PartId",
     "PartWriter",
     "Record",
     "ShardReadError",
+    "ShardCheckpoint",
     "ShardRef",
     "StorageError",
+    "checkpoint_url",
     "detect_format",
     "file_set_is_current",
     "filesystem_for",
@@ -74,6 +79,7 @@ __all__ = [
     "read_part_columns",
     "read_part_footer",
     "read_part_head",
+    "read_part_if_any",
     "read_part_result",
     "read_parts",
     "read_records",

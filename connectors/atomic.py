@@ -46,25 +46,31 @@ def _remove_quietly(fs: fsspec.AbstractFileSystem, path: str) -> None:
         log.warning("could not remove temporary object %s: %s", path, exc)
 
 
-def _pause_between_copy_and_delete(path: str) -> None:
-    """If $TOKENMILL_TEST_PAUSE_COMMIT names an existing folder, the first commit (in any
+def pause_point(env: str, path: str) -> None:
+    """If the environment variable ``env`` names an existing folder, the first caller (in any
     process) to reach this point writes ``<folder>/paused`` ({"pid", "path"}) and waits for
-    ``<folder>/resume``: a test can then freeze the server or kill this worker at the worst
-    moment of a commit, with the object copied and its temporary not yet deleted."""
-    folder = os.environ.get(PAUSE_ENV)
+    ``<folder>/resume``: a test can then freeze the server or kill this worker at that moment.
+    Test seam for fault tests, never set in production."""
+    folder = os.environ.get(env)
     if not folder or not os.path.isdir(folder):
         return
     mine = os.path.join(folder, f"paused.{os.getpid()}")
     with open(mine, "w") as f:
         json.dump({"pid": os.getpid(), "path": path}, f)
     try:
-        os.link(mine, os.path.join(folder, "paused"))  # atomic: only the first commit pauses
+        os.link(mine, os.path.join(folder, "paused"))  # atomic: only the first caller pauses
     except FileExistsError:
         return
     finally:
         os.remove(mine)
     while not os.path.exists(os.path.join(folder, "resume")):
         time.sleep(0.05)
+
+
+def _pause_between_copy_and_delete(path: str) -> None:
+    """$TOKENMILL_TEST_PAUSE_COMMIT: pause a commit with the object copied and its temporary
+    not yet deleted (see ``pause_point``)."""
+    pause_point(PAUSE_ENV, path)
 
 
 def _move(fs: fsspec.AbstractFileSystem, tmp: str, path: str, what: str) -> None:

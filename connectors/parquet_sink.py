@@ -172,6 +172,29 @@ def read_part_result(output_url: str, part: PartId, storage_options: dict | None
     return json.loads(raw) if raw else {}
 
 
+def read_part_if_any(
+    output_url: str, part: PartId, columns: list[str], storage_options: dict | None = None
+) -> pa.Table | None:
+    """Those of ``columns`` that a part has, or None if there is no part or it cannot be read
+    (an earlier run's part, read for what it can spare the next one)."""
+    url = part_url(output_url, part)
+    fs, path = filesystem_for(url, storage_options)
+    fs.invalidate_cache(path)
+
+    def read() -> pa.Table:
+        with fs.open(path, "rb") as f:
+            pf = pq.ParquetFile(f)
+            return pf.read(columns=[c for c in columns if c in pf.schema_arrow.names])
+
+    try:
+        return with_retries(read, what=f"read {url}")
+    except FileNotFoundError:
+        return None
+    except Exception as exc:
+        log.warning("cannot read the previous part %s: %s", url, exc)
+        return None
+
+
 def part_is_current(
     output_url: str, part: PartId, fingerprint: str, storage_options: dict | None = None
 ) -> bool:

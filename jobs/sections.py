@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from jobs.secrets import protect
+from pipeline.plan import DEFAULT_CHECKPOINT_ROWS, DEFAULT_CHECKPOINT_SECONDS
 from pipeline.prompts import TemplateError, validate_template
 
 _DOTDOT = re.compile(r"(^|[/\\])(\.\.|%2e%2e)([/\\]|$)", re.IGNORECASE)
@@ -80,6 +81,15 @@ class OutputSection(Section):
     )
     storage_options: dict[str, Any] | None = Field(
         None, description="fsspec options of the output store (default: the input's); credentials redacted"
+    )
+    checkpoint_rows: int = Field(
+        DEFAULT_CHECKPOINT_ROWS, ge=0,
+        description="commit a shard's finished rows every this many rows, so a killed worker loses only "
+                    "the rows since (0: not by rows)",
+    )
+    checkpoint_seconds: float = Field(
+        DEFAULT_CHECKPOINT_SECONDS, ge=0,
+        description="... and at least every this many seconds (0: not by time; both 0: no checkpoints)",
     )
 
     @field_validator("storage_options")

@@ -160,6 +160,8 @@ class JobSpec(Section):
             engine=self.model.engine_settings(),
             truncate_prompt=self.truncate_prompt,
             openai_output=openai_output,
+            checkpoint_rows=self.output.checkpoint_rows,
+            checkpoint_seconds=self.output.checkpoint_seconds,
         )
         values.update(kind.plan_fields(self, read_only=read_only))
         if openai_output:

@@ -14,8 +14,10 @@ All engine calls happen on the service thread (one CUDA context, no torch cross-
 
 Shutdown (``drain``, on SIGTERM): no new shards are taken, shards queued but not yet open
 are handed back at once, open shards may finish within the grace period, and whatever is
-still open then is handed back too: its future raises ``ShardHandedBack`` (the task
-requeues the message) and nothing is reported or committed for it.
+still open then is handed back too: its finished rows are checkpointed (when the plan
+checkpoints), its future raises ``ShardHandedBack`` (the task requeues the message) and
+nothing else is reported or committed for it; whoever takes it next starts after the
+checkpoint.
 """
 
 from __future__ import annotations
@@ -223,6 +225,7 @@ class EngineService:
                 get_engine(settings), first.plan, cross_shard=self.cross_shard, on_progress=feed.notify,
                 should_stop=feed.should_stop, engine_factory=lambda: rebuild_engine(settings),
                 worker=first.worker or None, on_step=step_observer(first.plan),
+                hand_back=lambda: feed.handing_back,
             )
             for outcome in driver.run(feed):
                 task = feed.taken.pop(outcome.index, None)
@@ -230,7 +233,8 @@ class EngineService:
                     continue
                 if feed.handing_back and outcome.state == ShardState.CANCELLED:
                     task.future.set_exception(ShardHandedBack(
-                        f"shard {task.shard.index}: worker shutting down, not finished within the grace period"))
+                        f"shard {task.shard.index}: worker shutting down, not finished within the grace period"
+                        f" ({outcome.reason})"))
                 else:
                     task.future.set_result(outcome)
         except BaseException as exc:  # a bug, an engine that cannot be built, a hook calling sys.exit:

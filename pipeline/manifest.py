@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 _SHARD_FIELDS = (
     "index", "url", "part", "status", "rows", "errors", "reason", "prompt_tokens", "output_tokens",
-    "cached_prompt_tokens", "seconds", "worker",
+    "cached_prompt_tokens", "seconds", "worker", "rows_resumed", "rows_reused", "rows_shared",
 )
 _COUNTERS = (
     "prompt_tokens_computed", "decode_tokens", "prefix_cache_query_tokens", "prefix_cache_hit_tokens",

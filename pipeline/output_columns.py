@@ -18,10 +18,14 @@ FIXED_COLUMNS: dict[str, str] = {
     "cached_prompt_tokens": "int64",
     "error": "string",  # null when the row is fine
     "latency_s": "float64",
+    "content_key": "string",  # what the result depends on (pipeline.row_keys); null for rows with no request
 }
 RESERVED_COLUMNS = frozenset(FIXED_COLUMNS)
 
 _EMPTY = {"int64": 0, "float64": 0.0}
+# The columns a row's requests produce: what a re-run may take from the previous part (issue 28).
+COMPUTED_COLUMNS = ("output", "finish_reason", "prompt_tokens", "output_tokens", "cached_prompt_tokens",
+                    "latency_s")
 
 
 def empty_result() -> dict[str, Any]:

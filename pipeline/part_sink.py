@@ -7,16 +7,25 @@ million-row shard holds a few thousand rows in memory, not a million. ``commit``
 connectors the OpenAI lines (if any), the last rows and the shard's counts, and has the
 part moved into place; until then no reader sees it. A shard whose part cannot be
 written is ``abandoned``: its rows are dropped and nothing is committed.
+
+Checkpoints (``plan.checkpoint_rows`` / ``checkpoint_seconds``): every so often the rows
+that continue the part in input order are also committed as an immutable chunk of the
+shard's checkpoint (``connectors.ShardCheckpoint``), so a worker killed or drained mid-shard
+loses only the rows since then. ``resume`` starts a shard where an earlier attempt's
+checkpoint ends: its chunks go into the part's file first, and reading skips their rows.
+The part is still one file, committed as before; the checkpoint is removed after it.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from connectors import PartWriter, ShardRef, is_transient, write_part_lines
+from connectors import PartWriter, ShardCheckpoint, ShardRef, is_transient, write_part_lines
 from pipeline.output_schema import rows_to_table
 from pipeline.plan import JobPlan
 from pipeline.shard_outcome import ShardCounts
@@ -37,6 +46,47 @@ class PartSink:
         self.counts = ShardCounts()
         self.failed: str | None = None  # why the part is abandoned
         self.transient = False
+        self.checkpoint: ShardCheckpoint | None = None
+        if plan.checkpoints:
+            self.checkpoint = ShardCheckpoint(plan.output_url, ref.part_id, plan.part_fingerprint(ref.fingerprint),
+                                              plan.output_options)
+        self.checkpointed = 0  # rows [0, checkpointed) are in the checkpoint's chunks
+        self.resumed = 0  # of those, rows an earlier attempt computed
+        self.pending: list[pa.Table] = []  # spooled since the last checkpoint: rows [checkpointed, spooled)
+        self._last_checkpoint = time.monotonic()  # the last attempt, and the row count the next is due at:
+        self._rows_due = plan.checkpoint_rows  # a failed attempt waits a whole interval too
+
+    def resume(self) -> int:
+        """Take the rows of the checkpoint an earlier attempt left (only chunks that pass every
+        check) into the part's file and counts; returns the input position to go on from."""
+        if self.checkpoint is None:
+            return 0
+        for chunk in self.checkpoint.load(self.schema, self.plan.openai_output):
+            self._writer().write(chunk.table)
+            self._count(chunk.table)
+            for i, line in enumerate(chunk.lines or ()):
+                self.openai_lines[chunk.entry.start + i] = line
+            self.spooled = self.checkpointed = self.resumed = chunk.entry.end
+            self._rows_due = self.resumed + self.plan.checkpoint_rows
+        if self.resumed:
+            log.info("part %s resumes from its checkpoint at row %d", self.ref.part_id, self.resumed)
+        return self.resumed
+
+    def _count(self, table: pa.Table) -> None:
+        c = self.counts
+        c.rows += table.num_rows
+        c.errors += table.num_rows - table.column("error").null_count
+        for name in ("prompt_tokens", "output_tokens", "cached_prompt_tokens"):
+            setattr(c, name, getattr(c, name) + (pc.sum(table.column(name)).as_py() or 0))
+
+    def _writer(self) -> PartWriter:
+        if self.writer is None:
+            self.writer = PartWriter(
+                self.plan.output_url, self.ref.part_id, self.schema,
+                fingerprint=self.plan.part_fingerprint(self.ref.fingerprint),
+                storage_options=self.plan.output_options,
+            )
+        return self.writer
 
     def add(self, position: int, row: dict[str, Any], openai_line: dict[str, Any] | None) -> None:
         """Keep a finished row (and its OpenAI line); spool when enough are waiting."""
@@ -48,6 +98,48 @@ class PartSink:
         self.counts.add_row(row)
         if len(self.rows) >= SPOOL_ROWS:
             self.spool(at_least=SPOOL_ROWS // 4)
+        if self.checkpoint is not None and self._checkpoint_due():
+            self.save_checkpoint()
+
+    def _checkpoint_due(self) -> bool:
+        """Whether ``checkpoint_rows`` rows continue the part past the last attempt, or
+        ``checkpoint_seconds`` have passed since it and at least one row is new."""
+        plan = self.plan
+        ready = self.spooled + len(self.rows)  # the part's prefix ends at most here
+        if ready <= self.checkpointed:
+            return False
+        timely = plan.checkpoint_seconds > 0 and time.monotonic() - self._last_checkpoint >= plan.checkpoint_seconds
+        if not timely and (plan.checkpoint_rows <= 0 or ready < self._rows_due):
+            return False
+        run = 0
+        while self.spooled + run in self.rows:
+            run += 1
+        end = self.spooled + run
+        return end > self.checkpointed and (timely or end >= self._rows_due)
+
+    def save_checkpoint(self) -> int:
+        """Commit the finished rows that continue the part as the checkpoint's next chunk; returns
+        the rows committed in chunks. A chunk that cannot be written costs nothing but the
+        checkpoint: the shard goes on and the next checkpoint takes its rows too."""
+        if self.checkpoint is None or self.failed is not None:
+            return self.checkpointed
+        self.spool()
+        self._last_checkpoint = time.monotonic()
+        self._rows_due = self.spooled + self.plan.checkpoint_rows
+        if self.failed is not None or self.spooled == self.checkpointed:
+            return self.checkpointed
+        table = pa.concat_tables(self.pending)
+        lines = None
+        if self.plan.openai_output:
+            lines = [self.openai_lines[p] for p in range(self.checkpointed, self.spooled)]
+        try:
+            self.checkpoint.save(table, self.checkpointed, lines)
+        except Exception as exc:
+            log.warning("cannot write a checkpoint of part %s (the shard goes on): %s: %s", self.ref.part_id,
+                        type(exc).__name__, exc)
+            return self.checkpointed
+        self.pending, self.checkpointed = [], self.spooled
+        return self.checkpointed
 
     def spool(self, at_least: int = 0) -> None:
         """Append the finished rows that continue the part in input order to its writer, if there
@@ -61,14 +153,12 @@ class PartSink:
         rows = [self.rows.pop(self.spooled + i) for i in range(n)]
         self.spooled += n
         try:
-            if self.writer is None:
-                self.writer = PartWriter(
-                    self.plan.output_url, self.ref.part_id, self.schema,
-                    fingerprint=self.plan.part_fingerprint(self.ref.fingerprint),
-                    storage_options=self.plan.output_options,
-                )
+            writer = self._writer()
             if rows:
-                self.writer.write(rows_to_table(rows, self.schema))
+                table = rows_to_table(rows, self.schema)
+                writer.write(table)
+                if self.checkpoint is not None:
+                    self.pending.append(table)
         except Exception as exc:
             log.exception("cannot spool rows of part %s", self.ref.part_id)
             self.abandon(f"cannot write the output part: {type(exc).__name__}: {exc}", transient=False)
@@ -77,6 +167,7 @@ class PartSink:
         """Drop everything: the part will not be written (``reason`` says why)."""
         self.rows.clear()
         self.openai_lines.clear()
+        self.pending = []
         self.discard()
         self.failed, self.transient = reason, transient
 
@@ -106,3 +197,6 @@ class PartSink:
             log.exception("cannot write part %s", self.ref.part_id)
             self.failed = f"cannot write the output part: {type(exc).__name__}: {exc}"
             self.transient = is_transient(exc)
+            return
+        if self.checkpoint is not None:
+            self.checkpoint.clear()  # the part holds every row now (chunks a dead attempt left too)

@@ -19,6 +19,12 @@ _OUTPUT_FIELDS = (
 # Also shaping, but only counted when set, so plans that do not use them keep their fingerprints.
 _OPTIONAL_OUTPUT_FIELDS = {"request_mode": "generate", "mode_options": {}, "sampling_field": None}
 _OUTPUT_ENGINE_FIELDS = ("model", "dtype", "max_model_len")
+# A shard commits its finished rows at least this often (pipeline.part_sink): a reclaimed worker
+# loses at most two minutes of a shard's rows plus those in flight, and a checkpoint (a few
+# small object writes) comes seldom enough to cost well under 1% of a worker's time. The row
+# bound caps the rows held in memory for the next chunk (about a minute of a fast GPU's rows).
+DEFAULT_CHECKPOINT_ROWS = 5000
+DEFAULT_CHECKPOINT_SECONDS = 120.0
 
 
 @dataclass
@@ -70,9 +76,17 @@ class JobPlan:
     request_mode: str = "generate"
     mode_options: dict[str, Any] = field(default_factory=dict)
     sampling_field: str | None = None  # a row column of per-row SamplingParams overrides
+    # Checkpoints inside a shard: every this many finished rows or seconds (0: that trigger off;
+    # both 0: none). They do not shape rows, so they are not in the part fingerprint.
+    checkpoint_rows: int = DEFAULT_CHECKPOINT_ROWS
+    checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def checkpoints(self) -> bool:
+        return self.checkpoint_rows > 0 or self.checkpoint_seconds > 0
 
     @property
     def output_options(self) -> dict[str, Any]:

@@ -31,6 +31,7 @@ class PreparedRow:
     position: int  # place in the shard as read: the row's place in the part
     messages: list[dict[str, str]] | None
     error: str | None
+    key: str | None = None  # its content key, once its requests are built (pipeline.row_keys)
 
 
 class RowPreparation:

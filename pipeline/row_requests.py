@@ -47,6 +47,7 @@ class RowGroup:
 
     subs: list[SubRequest]
     outputs: dict[int, RequestOutput] = field(default_factory=dict)
+    key: str | None = None  # its content key, when rows with the same key may share its result
 
     @property
     def done(self) -> bool:

@@ -14,9 +14,11 @@ a failing row hook or an engine fault each become an output row with ``error`` s
 A shard that cannot be read at all is reported ``failed`` and writes no part.
 
 This module only drives (feed, admission, steps, faults, cancelling): rows become
-requests in ``pipeline.row_preparation``, their requests are tracked in
-``pipeline.in_flight``, finished rows take their shape in ``pipeline.result_rows`` and
-reach the part through ``pipeline.part_sink``. The engine is anything with the members of
+requests in ``pipeline.row_preparation``, a row that need not be computed (an unchanged
+row of the previous part, or one identical to a row of this run) takes its result through
+``pipeline.row_sharing``, requests are tracked in ``pipeline.in_flight``, finished rows
+take their shape in ``pipeline.result_rows`` and reach the part through
+``pipeline.part_sink``. The engine is anything with the members of
 ``pipeline.shard_engine.ShardEngine``.
 """
 
@@ -39,6 +41,7 @@ from pipeline.prompts import validate_prompt
 from pipeline.result_rows import ResultRows
 from pipeline.row_preparation import PreparedRow, RowPreparation
 from pipeline.row_requests import RequestBuilder
+from pipeline.row_sharing import RowSharing
 from pipeline.shard_engine import ShardEngine
 from pipeline.shard_feed import ListFeed, ShardFeed
 from pipeline.shard_opening import OpenShard, ShardEnd, open_shard
@@ -64,7 +67,9 @@ class ShardDriver:
     returns True the open shards are aborted and every shard not yet finished comes back
     ``cancelled``. ``engine_factory`` builds a fresh engine after a step fault that was no
     single request's (the shards it held fail, transiently). ``on_step`` (metrics) is called
-    with the engine and each step's seconds.
+    with the engine and each step's seconds. ``hand_back`` is asked when a stop is requested:
+    True (the worker is shutting down, the shards go back to the queue) checkpoints every open
+    shard's finished rows before it is dropped, so whoever takes it next starts after them.
     """
 
     def __init__(
@@ -79,11 +84,12 @@ class ShardDriver:
         engine_factory: Callable[[], ShardEngine] | None = None,
         worker: str | None = None,
         on_step: Callable[[ShardEngine, float], None] | None = None,
+        hand_back: Callable[[], bool] | None = None,
     ) -> None:
         validate_prompt(plan.prompt)
         self.plan, self.cross_shard = plan, cross_shard
         self.on_progress, self.should_stop, self.on_step = on_progress, should_stop, on_step
-        self.engine_factory = engine_factory
+        self.engine_factory, self.hand_back = engine_factory, hand_back
         self.max_queued = max_queued or 2 * engine.config.max_num_seqs
         self.max_held = self.max_queued + HELD_ROWS
         self.read_batch = max(1, min(256, self.max_queued))
@@ -92,6 +98,7 @@ class ShardDriver:
         self.in_flight = InFlightRequests(engine, uuid.uuid4().hex[:8])
         self._use_engine(engine)
         self.results = ResultRows(plan, self.schema)
+        self.sharing = RowSharing(plan, self.in_flight, self.results, self._complete)
         self._last_stop_check = 0.0
 
     def _use_engine(self, engine: ShardEngine) -> None:
@@ -138,6 +145,8 @@ class ShardDriver:
                 yield from self._finish_ready(opened)
                 if not opened and not more:
                     return
+                for orphan in self.in_flight.take_orphans():  # the row they followed was dropped
+                    self._admit_row(orphan.shard, orphan.row)
                 if self.in_flight:
                     self._step()
         finally:
@@ -154,7 +163,7 @@ class ShardDriver:
                 yield self._outcome(shard.ref, ShardState.FAILED, shard.started, None, shard.sink.failed,
                                     shard.sink.transient)
             else:
-                yield self._outcome(shard.ref, ShardState.DONE, shard.started, shard.sink.counts)
+                yield self._outcome(shard.ref, ShardState.DONE, shard.started, shard.sink.counts, shard=shard)
 
     def _stop_requested(self) -> bool:
         if self.should_stop is None:
@@ -170,9 +179,16 @@ class ShardDriver:
             return False
 
     def _cancel_all(self, opened: list[OpenShard], feed: ShardFeed) -> Iterator[ShardOutcome]:
+        handing_back = self.hand_back is not None and self.hand_back()
         for shard in opened:
+            reason = "job cancelled"
+            if handing_back:
+                self.in_flight.drop_shard(shard)  # rows in flight are lost; every finished one is kept
+                saved = shard.sink.save_checkpoint()
+                reason = f"handed back, its first {saved} rows checkpointed" if shard.sink.checkpoint else "handed back"
+                log.warning("shard %d: %s", shard.ref.index, reason)
             self._fail_shard(shard, "cancelled", transient=False)
-            yield self._outcome(shard.ref, ShardState.CANCELLED, shard.started, reason="job cancelled")
+            yield self._outcome(shard.ref, ShardState.CANCELLED, shard.started, reason=reason)
         while (ref := feed.next_shard(wait=False)) is not None:
             yield self._outcome(ref, ShardState.CANCELLED, time.perf_counter(), reason="job cancelled")
 
@@ -181,12 +197,7 @@ class ShardDriver:
         """Admit one buffered row, or read the next batch into the buffer. False (nothing done)
         while the shard holds ``max_held`` unspooled rows and some of them are in the engine."""
         if shard.buffer:
-            row = shard.buffer.popleft()
-            subs = self.preparation.requests(row)
-            error = subs if isinstance(subs, str) else self.in_flight.add(shard, row, subs)
-            if error is not None:
-                tokens = 0 if isinstance(subs, str) else sum(len(s.token_ids) for s in subs)
-                self._complete(shard, row, self.results.build(row.record, error=error, prompt_tokens=tokens))
+            self._admit_row(shard, shard.buffer.popleft())
             return True
         if shard.held >= self.max_held:
             if shard.in_flight:
@@ -198,6 +209,15 @@ class ShardDriver:
         if failure is not None:
             self._fail_shard(shard, *failure)
         return True
+
+    def _admit_row(self, shard: OpenShard, row: PreparedRow) -> None:
+        """Into the engine, unless the row takes an earlier result or is an error row."""
+        subs = self.preparation.requests(row)
+        error = subs if isinstance(subs, str) else self.sharing.admit(shard, row, subs)
+        if error is not None:
+            tokens = 0 if isinstance(subs, str) else sum(len(s.token_ids) for s in subs)
+            self._complete(shard, row, self.results.build(row.record, error=error, prompt_tokens=tokens,
+                                                          content_key=row.key))
 
     def _fail_shard(self, shard: OpenShard, reason: str, transient: bool) -> None:
         shard.sink.abandon(reason, transient=transient)
@@ -242,9 +262,11 @@ class ShardDriver:
             except Exception as exc:  # scoring a finished row must cost the row only
                 log.exception("cannot build the result of row %d", record.row_number)
                 values = {"error": f"row {record.row_number}: {type(exc).__name__}: {exc}"}
-            row = self.results.build(record, **values, latency_s=time.perf_counter() - inf.admitted_at)
+            now = time.perf_counter()
+            row = self.results.build(record, **values, latency_s=now - inf.admitted_at, content_key=inf.row.key)
             self._complete(inf.shard, inf.row, row, notify=False)
-            touched[inf.shard.ref.index] = inf.shard
+            for shard in (inf.shard, *self.sharing.fan_out(inf, values, now)):  # identical rows take it too
+                touched[shard.ref.index] = shard
         for shard in touched.values():
             self._notify(shard.progress)
 
@@ -275,7 +297,7 @@ class ShardDriver:
 
     def _outcome(
         self, ref: ShardRef, state: ShardState, started: float, counts: ShardCounts | None = None,
-        reason: str | None = None, transient: bool = False,
+        reason: str | None = None, transient: bool = False, shard: OpenShard | None = None,
     ) -> ShardOutcome:
         """A shard's final outcome, with the engine's counters; reported to the progress callback too."""
         try:
@@ -288,6 +310,9 @@ class ShardDriver:
             transient=transient, seconds=round(time.perf_counter() - started, 3), worker=self.worker,
             part=ref.part_id, engine=stats,
         )
+        if shard is not None:
+            outcome.rows_resumed, outcome.rows_reused = shard.sink.resumed, shard.rows_reused
+            outcome.rows_shared = shard.rows_shared
         self._notify(outcome)
         return outcome
 

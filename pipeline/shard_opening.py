@@ -2,7 +2,9 @@
 
 Opening decides first whether the shard needs running at all: a part that is already
 current (same input, same plan) is skipped, reading its counts from the part's footer, and
-a shard that cannot be opened ends as failed, before any row is read.
+a shard that cannot be opened ends as failed, before any row is read. A shard that an
+earlier attempt checkpointed goes on after its checkpoint: the rows it holds are read
+(rows are positions, so they must be) but never prepared or computed again.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from connectors import Record, ShardReadError, ShardRef, is_transient, part_is_c
 from pipeline.part_info import read_part_counts
 from pipeline.part_sink import PartSink
 from pipeline.plan import JobPlan
+from pipeline.previous_rows import PreviousRows, load_previous_rows
 from pipeline.row_preparation import PreparedRow, RowPreparation
 from pipeline.shard_outcome import ShardCounts, ShardOutcome, ShardState
 
@@ -46,6 +49,10 @@ class OpenShard:
     exhausted: bool = False  # nothing more to read (or reading stopped)
     in_flight: set[str] = field(default_factory=set)  # its request ids in the engine
     rows_read: int = 0
+    skip: int = 0  # rows still to pass over unread: the checkpoint holds them
+    previous: PreviousRows | None = None  # the previous part's results by content key
+    rows_reused: int = 0  # rows taken from the previous part
+    rows_shared: int = 0  # rows that took the result of an identical row of this run
 
     @property
     def held(self) -> int:
@@ -63,6 +70,10 @@ class OpenShard:
             return str(exc), False
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}", is_transient(exc)
+        if self.skip:
+            passed, batch = batch[: self.skip], batch[self.skip :]
+            self.skip -= len(passed)
+            self.rows_read += len(passed)
         self.buffer.extend(preparation.order(batch, self.rows_read))
         self.rows_read += len(batch)
         return None
@@ -95,4 +106,14 @@ def open_shard(plan: JobPlan, ref: ShardRef, schema: pa.Schema, batch_size: int)
     except Exception as exc:
         return ShardEnd(ShardState.FAILED, f"{type(exc).__name__}: {exc}", transient=is_transient(exc))
     sink = PartSink(plan, ref, schema)
-    return OpenShard(ref, batches, sink, ShardOutcome(ref.index, ref.url, ShardState.RUNNING, sink.counts))
+    try:
+        resume = sink.resume()
+    except Exception as exc:  # the part's local file cannot be written
+        sink.discard()
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+        return ShardEnd(ShardState.FAILED, f"cannot resume from the checkpoint: {type(exc).__name__}: {exc}",
+                        transient=is_transient(exc))
+    progress = ShardOutcome(ref.index, ref.url, ShardState.RUNNING, sink.counts, rows_resumed=resume)
+    return OpenShard(ref, batches, sink, progress, skip=resume, previous=load_previous_rows(plan, ref))

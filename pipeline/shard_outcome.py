@@ -76,6 +76,11 @@ class ShardOutcome:
     part: str | None = None  # the shard's part id (connectors.ShardRef.part_id)
     engine: dict[str, Any] = field(default_factory=dict)  # the worker engine's counters at the end
     started_at: float = field(default_factory=time.time)
+    # Of its rows, those not computed: taken from an earlier attempt's checkpoint, from the
+    # previous part (unchanged content key), or from an identical row of the same run.
+    rows_resumed: int = 0
+    rows_reused: int = 0
+    rows_shared: int = 0
 
     # ---- the Celery result / manifest form ---------------------------------------------------
     def to_result_dict(self) -> dict[str, Any]:
@@ -85,6 +90,7 @@ class ShardOutcome:
             "reason": self.reason, "prompt_tokens": c.prompt_tokens, "output_tokens": c.output_tokens,
             "cached_prompt_tokens": c.cached_prompt_tokens, "seconds": self.seconds, "worker": self.worker,
             "part": self.part, "transient": self.transient, "engine": dict(self.engine),
+            "rows_resumed": self.rows_resumed, "rows_reused": self.rows_reused, "rows_shared": self.rows_shared,
         }
 
     @classmethod
@@ -93,6 +99,8 @@ class ShardOutcome:
             data["index"], data.get("url") or "", ShardState(data["status"]), ShardCounts.from_dict(data),
             reason=data.get("reason"), transient=bool(data.get("transient")), seconds=data.get("seconds") or 0.0,
             worker=data.get("worker"), part=data.get("part"), engine=dict(data.get("engine") or {}),
+            rows_resumed=data.get("rows_resumed") or 0, rows_reused=data.get("rows_reused") or 0,
+            rows_shared=data.get("rows_shared") or 0,
         )
 
     # ---- the live-state (Redis) form ---------------------------------------------------------
@@ -102,7 +110,8 @@ class ShardOutcome:
         return {
             "state": self.state.value, "url": self.url, "rows_done": c.rows, "errors": c.errors,
             "output_tokens": c.output_tokens, "prompt_tokens": c.prompt_tokens, "reason": self.reason,
-            "cached_prompt_tokens": c.cached_prompt_tokens,
+            "cached_prompt_tokens": c.cached_prompt_tokens, "rows_resumed": self.rows_resumed,
+            "rows_reused": self.rows_reused, "rows_shared": self.rows_shared,
         }
 
     @staticmethod
@@ -123,6 +132,7 @@ class ShardOutcome:
         reason = data.get("reason") or (failed_reason if state == ShardState.FAILED else None)
         return cls(
             index, data.get("url", ""), state, ShardCounts.from_dict(data, rows_key="rows_done"), reason=reason,
-            worker=data.get("worker"), part=data.get("part") or part,
+            worker=data.get("worker"), part=data.get("part") or part, rows_resumed=data.get("rows_resumed") or 0,
+            rows_reused=data.get("rows_reused") or 0, rows_shared=data.get("rows_shared") or 0,
         )
 

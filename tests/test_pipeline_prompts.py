@@ -113,7 +113,7 @@ def test_output_schema_columns_and_clashes() -> None:
     schema = output_schema(_plan(passthrough_fields=["lang"], extra_columns={"score": "float64", "ok": "bool"}))
     assert schema.names == [
         "id", "lang", "output", "finish_reason", "prompt_tokens", "output_tokens", "cached_prompt_tokens",
-        "error", "latency_s", "score", "ok",
+        "error", "latency_s", "content_key", "score", "ok",
     ]
     with pytest.raises(SchemaError):
         output_schema(_plan(passthrough_fields=["output"]))

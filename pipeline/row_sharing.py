@@ -1,0 +1,88 @@
+"""Rows not computed twice (issue 28): the result a row takes instead of entering the engine.
+
+In this order: the previous part's row with the same content key (a re-run of a changed
+shard), then a result computed earlier in this run for the same key (identical prompts and
+sampling within a job, greedy or seeded only), else the row goes into the engine under its
+key, and identical rows admitted while it runs follow it (``pipeline.in_flight``). Results
+computed in the run are remembered for the last ``SHARED_RESULTS`` keys only: duplicates
+further apart than that are computed again, which costs time, never correctness.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pipeline.in_flight import InFlight, InFlightRequests
+from pipeline.plan import JobPlan
+from pipeline.result_rows import ResultRows
+from pipeline.row_keys import ContentKeys, shareable
+from pipeline.row_preparation import PreparedRow
+from pipeline.row_requests import SubRequest
+
+if TYPE_CHECKING:
+    from pipeline.shard_opening import OpenShard
+
+# The driver's way to hand a finished row to its shard: (shard, row, result row, notify).
+Complete = Callable[["OpenShard", PreparedRow, dict[str, Any], bool], None]
+
+SHARED_RESULTS = 4096
+
+
+class RowSharing:
+    """``admit`` a row (its result taken, or its requests into the engine); ``fan_out`` a finished
+    row's result to the rows that followed it."""
+
+    def __init__(self, plan: JobPlan, in_flight: InFlightRequests, results: ResultRows, complete: Complete,
+                 capacity: int = SHARED_RESULTS) -> None:
+        self.keys = ContentKeys(plan)
+        self.in_flight, self.results, self.complete = in_flight, results, complete
+        self.capacity = capacity
+        self.done: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    def admit(self, shard: OpenShard, row: PreparedRow, subs: list[SubRequest]) -> str | None:
+        """Give the row an earlier result, or queue its requests; the engine's refusal if it refuses."""
+        row.key, share, values = self.decide(shard, subs)
+        if values is None:
+            return self.in_flight.add(shard, row, subs, share)
+        self.complete(shard, row, self.results.build(row.record, **values, content_key=row.key), True)
+        return None
+
+    def fan_out(self, inf: InFlight, values: dict[str, Any], now: float) -> list[OpenShard]:
+        """The result of a finished row to the rows that followed it; returns their shards."""
+        key = inf.group.key
+        if key is None:
+            return []
+        self.remember(key, values)
+        followers = self.in_flight.release_followers(inf.group)
+        for f in followers:
+            f.shard.rows_shared += 1
+            row = self.results.build(f.row.record, **values, latency_s=now - f.admitted_at, content_key=key)
+            self.complete(f.shard, f.row, row, False)
+        return [f.shard for f in followers]
+
+    def decide(self, shard: OpenShard, subs: list[SubRequest]) -> tuple[str, str | None, dict[str, Any] | None]:
+        """(the row's content key, the key it may lead or follow under in the engine or None,
+        the values it takes instead of being computed or None); counts reused and shared rows."""
+        key = self.keys.key(subs)
+        values = shard.previous.values(key) if shard.previous is not None else None
+        if values is not None:
+            shard.rows_reused += 1
+            return key, None, values
+        if not shareable(subs):
+            return key, None, None
+        values = self.done.get(key)
+        if values is not None:
+            self.done.move_to_end(key)
+            shard.rows_shared += 1
+        return key, key, values
+
+    def remember(self, key: str, values: dict[str, Any]) -> None:
+        """A finished result for later rows with ``key`` (not an error: it may be transient)."""
+        if values.get("error"):
+            return
+        self.done[key] = values
+        self.done.move_to_end(key)
+        while len(self.done) > self.capacity:
+            self.done.popitem(last=False)

@@ -1,0 +1,169 @@
+"""Rows that did not change are not computed again (issue 28, part 2).
+
+- Across runs: a re-run of a changed shard takes every row whose content key (prompt ids,
+  sampling, model, kind) is in the previous part and computes only the others; the rows taken
+  are byte-identical to the previous part's.
+- Within a run: rows with identical prompt ids and sampling are computed once and fanned
+  out, each with its own id; only when that is the same computation (greedy or seeded).
+
+The fake engine (no model) counts the rows it computes; one test runs the tiny model on S3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_engine import FakeEngine
+from pipeline_support import jsonl_bytes, make_plan
+from test_checkpoints import CountingEngine, Where
+
+from connectors import list_shards, part_name, read_manifest, read_parts
+from pipeline.job_runner import run_embedded
+from pipeline.shard_driver import ShardDriver
+from pipeline.shard_outcome import ShardOutcome, ShardState
+
+MODEL = Path("fake-model")
+
+
+@pytest.fixture(params=["local", "moto"])
+def where(request, tmp_path: Path) -> Where:
+    if request.param == "local":
+        (tmp_path / "in").mkdir()
+        return Where(str(tmp_path / "in"), str(tmp_path / "out"), {})
+    server = request.getfixturevalue("s3_server")
+    bucket = request.getfixturevalue("s3_bucket")
+    return Where(f"s3://{bucket}/in", f"s3://{bucket}/out", server.storage_options, server.client())
+
+
+def _docs(count: int, start: int = 0) -> list[dict[str, Any]]:
+    return [{"id": f"d{i}", "text": f"document number {i}", "lang": "en"} for i in range(start, start + count)]
+
+
+def _run(plan, engine: FakeEngine, **kwargs: Any) -> list[ShardOutcome]:
+    shards = list_shards(plan.input_url, storage_options=plan.storage_options)
+    return list(ShardDriver(engine, plan, **kwargs).run(shards))
+
+
+def test_a_rerun_after_appending_1_percent_computes_only_the_new_and_changed_rows(where: Where) -> None:
+    docs = _docs(10_000)
+    where.put("docs.jsonl", jsonl_bytes(docs))
+    plan = make_plan(where.input_url, where.output_url, MODEL, storage_options=where.options,
+                     sampling={"max_tokens": 2, "temperature": 0.0, "ignore_eos": True})
+    first = CountingEngine(max_num_seqs=64)
+    (outcome,) = _run(plan, first)
+    assert outcome.state == ShardState.DONE and len(first.rows) == 10_000
+    before = read_parts(plan.output_url, plan.output_options)
+
+    docs[5]["text"] = "an edited document"  # one row changed in place ...
+    docs += _docs(100, start=10_000)  # ... and 1% appended
+    where.put("docs.jsonl", jsonl_bytes(docs))
+    second = CountingEngine(max_num_seqs=64)
+    (outcome,) = _run(plan, second)
+    assert outcome.state == ShardState.DONE and outcome.counts.rows == 10_100
+    assert sorted(second.rows) == [5, *range(10_000, 10_100)]  # the appended and the edited rows, nothing else
+    assert outcome.rows_reused == 9_999
+    after = read_parts(plan.output_url, plan.output_options)
+    assert after.column("id").to_pylist() == [d["id"] for d in docs]
+    unchanged = [i for i in range(10_000) if i != 5]
+    assert after.take(unchanged).equals(before.take(unchanged))  # every column, latency too
+    assert after.column("content_key")[5].as_py() != before.column("content_key")[5].as_py()
+
+
+def test_duplicate_prompts_are_computed_once_and_every_row_keeps_its_id(where: Where) -> None:
+    """Three shards of 30 rows over 7 distinct documents: 7 computed, 90 written. With
+    unseeded sampling nothing is shared; with a per-row seed, rows share only with their seed."""
+    ids = []
+    for s in range(3):
+        rows = [{"id": f"s{s}-r{r}", "text": f"document {(s * 30 + r) % 7}", "lang": "en", "seed": r % 2}
+                for r in range(30)]
+        where.put(f"shard-{s}.jsonl", jsonl_bytes(rows))
+        ids += [r["id"] for r in rows]
+    plan = make_plan(where.input_url, where.output_url, MODEL, storage_options=where.options,
+                     sampling={"max_tokens": 5, "temperature": 0.0, "ignore_eos": True})
+    engine = CountingEngine()
+    outcomes = _run(plan, engine)
+    assert [o.state for o in outcomes] == [ShardState.DONE] * 3
+    assert len(engine.rows) == 7 and sum(o.rows_shared for o in outcomes) == 83
+    parts = [part_name(s.part_id) for s in list_shards(plan.input_url, storage_options=plan.storage_options)]
+    table = read_parts(plan.output_url, plan.output_options, parts=parts)
+    assert table.column("id").to_pylist() == ids  # every row present with its own id, in input order
+    by_text: dict[str, set[str]] = {}
+    for i, out in zip(range(90), table.column("output").to_pylist(), strict=True):
+        by_text.setdefault(f"document {i % 7}", set()).add(out)
+    assert all(len(outs) == 1 for outs in by_text.values()) and len(by_text) == 7
+
+    unseeded = replace(plan, output_url=where.output_url + "-sampled",
+                       sampling={"max_tokens": 5, "temperature": 0.8, "ignore_eos": True})
+    engine = CountingEngine()
+    outcomes = _run(unseeded, engine)
+    assert len(engine.rows) == 90 and sum(o.rows_shared for o in outcomes) == 0
+
+    seeded = replace(unseeded, output_url=where.output_url + "-seeded", sampling_field="seeding")
+    for s in range(3):  # a per-row seed: rows share a result only with the same seed
+        rows = [{"id": f"s{s}-r{r}", "text": f"document {(s * 30 + r) % 7}", "lang": "en",
+                 "seeding": {"seed": r % 2}} for r in range(30)]
+        where.put(f"shard-{s}.jsonl", jsonl_bytes(rows))
+    engine = CountingEngine()
+    outcomes = _run(seeded, engine)
+    assert len(engine.rows) == 14 and sum(o.rows_shared for o in outcomes) == 76
+
+
+def test_rows_following_a_row_of_a_failed_shard_are_computed_anyway(tmp_path: Path) -> None:
+    """Shard b holds only copies of shard a's rows. The engine dies while a's rows run: a fails
+    (transiently), and b's rows, which were waiting for them, go to the new engine."""
+    where = Where(str(tmp_path / "in"), str(tmp_path / "out"), {})
+    (tmp_path / "in").mkdir()
+    where.put("a.jsonl", jsonl_bytes(_docs(6)))
+    where.put("b.jsonl", jsonl_bytes([{**d, "id": f"b-{d['id']}"} for d in _docs(6)]))
+    plan = make_plan(where.input_url, where.output_url, MODEL)
+    broken, built = CountingEngine(fail_at_step=1), []
+
+    def rebuild() -> FakeEngine:
+        built.append(CountingEngine())
+        return built[-1]
+
+    outcomes = _run(plan, broken, engine_factory=rebuild, max_queued=32)
+    assert [(o.state, o.transient) for o in outcomes] == [(ShardState.FAILED, True), (ShardState.DONE, False)]
+    assert broken.rows == list(range(6)) and sorted(built[0].rows) == list(range(6))  # b's rows, computed
+    assert read_parts(plan.output_url).column("id").to_pylist() == [f"b-d{i}" for i in range(6)]
+
+
+def test_a_rerun_on_the_tiny_model_and_s3_takes_the_unchanged_rows(s3_server, s3_bucket, tiny_model_dir) -> None:
+    """The real engine, run_embedded, moto S3: the second run's rows of the first input version
+    are the first run's, byte for byte; the manifest counts them."""
+    client = s3_server.client()
+    docs = _docs(40)
+    client.put_object(Bucket=s3_bucket, Key="nightly/in/docs.jsonl", Body=jsonl_bytes(docs))
+    plan = make_plan(f"s3://{s3_bucket}/nightly/in/", f"s3://{s3_bucket}/nightly/out", tiny_model_dir,
+                     storage_options=s3_server.storage_options)
+    assert run_embedded(plan, progress=False)["status"] == "succeeded"
+    before = read_parts(plan.output_url, plan.output_options)
+    client.put_object(Bucket=s3_bucket, Key="nightly/in/docs.jsonl", Body=jsonl_bytes(docs + _docs(4, start=40)))
+    manifest = run_embedded(plan, progress=False)
+    (shard,) = manifest["shards"]
+    assert (shard["status"], shard["rows"], shard["rows_reused"]) == ("done", 44, 40)
+    after = read_parts(plan.output_url, plan.output_options)
+    assert after.slice(0, 40).equals(before)
+    assert read_manifest(plan.output_url, plan.output_options)["totals"]["rows"] == 44
+
+
+def test_nothing_is_taken_from_a_part_of_another_prompt_sampling_or_model(where: Where) -> None:
+    where.put("docs.jsonl", jsonl_bytes(_docs(30)))
+    plan = make_plan(where.input_url, where.output_url, MODEL, storage_options=where.options)
+    _run(plan, CountingEngine())
+    where.put("docs.jsonl", jsonl_bytes(_docs(31)))  # the input changed: the part is not current
+    others = [
+        replace(plan, prompt=replace(plan.prompt, system="Summarize in French.")),
+        replace(plan, sampling={**plan.sampling, "max_tokens": 3}),
+        replace(plan, engine={**plan.engine, "model": "another-model"}),
+    ]
+    for other in others:
+        engine = CountingEngine()
+        (outcome,) = _run(other, engine)
+        assert outcome.rows_reused == 0 and len(engine.rows) == 31  # every row computed
+    engine = CountingEngine()
+    (outcome,) = _run(plan, engine)  # the last run's part is the model's: nothing from it either
+    assert outcome.rows_reused == 0 and len(engine.rows) == 31
