@@ -46,14 +46,20 @@ def exponential_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) 
     return -torch.log(uniform)
 
 
-def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                       k_max: int | None = None) -> torch.Tensor:
     """Rows keep their ``top_k`` largest logits (0: all), then the smallest set of those whose
     renormalised probability reaches ``top_p`` (as vLLM and HF order them); the rest become -inf.
-    Ties at a cut-off are kept."""
+    Ties at a cut-off are kept. ``k_max``: every row's top-k is at most this (set by the caller
+    from the host's parameters), so only that many columns need sorting, not the vocabulary."""
     vocab = logits.shape[-1]
-    sorted_logits = torch.sort(logits, dim=-1, descending=True).values  # one sort serves both filters
-    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
-    ranks = torch.arange(vocab, device=logits.device)
+    if k_max is not None and k_max < vocab:
+        sorted_logits = torch.topk(logits, k_max, dim=-1).values  # sorted, largest first
+    else:
+        sorted_logits = torch.sort(logits, dim=-1, descending=True).values  # one sort serves both filters
+    width = sorted_logits.shape[-1]
+    k = torch.where(top_k > 0, top_k.clamp(max=width), torch.full_like(top_k, width))
+    ranks = torch.arange(width, device=logits.device)
     outside_k = ranks[None, :] >= k[:, None]
     probs = torch.softmax(sorted_logits.masked_fill(outside_k, float("-inf")), dim=-1)
     outside = (probs.cumsum(-1) - probs > top_p[:, None]) | outside_k
@@ -70,7 +76,8 @@ def _probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         settings = settings.pin_memory().to(logits.device, non_blocking=True)
     scaled = logits / settings[:, 0:1]
     if any(p.top_k > 0 or p.top_p < 1.0 for p in params):  # decided on the host: no device sync
-        scaled = filter_top_k_top_p(scaled, settings[:, 2].to(torch.int64), settings[:, 1])
+        k_max = max(p.top_k for p in params) if all(p.top_k > 0 for p in params) else None
+        scaled = filter_top_k_top_p(scaled, settings[:, 2].to(torch.int64), settings[:, 1], k_max)
     return torch.softmax(scaled, dim=-1)
 
 

@@ -57,6 +57,8 @@ def test_top_k_and_top_p_keep_exactly_the_allowed_tokens():
         [True, False, False, False, False],  # the first token alone reaches 0.45
         [True, True, False, False, False],  # top-k 3 renormalised: 0.59 + 0.24 reaches 0.75
     ]
+    assert torch.equal(filter_top_k_top_p(logits, torch.tensor([2, 1, 3, 3]), torch.tensor([1.0, 1.0, 0.45, 0.75]), 3),
+                       filter_top_k_top_p(logits, torch.tensor([2, 1, 3, 3]), torch.tensor([1.0, 1.0, 0.45, 0.75])))
     seqs = [seq(i, top_k=2) for i in range(200)]
     drawn = set(sample_on_device(logits[:1].expand(200, 5).clone(), seqs).tolist())
     assert drawn == {0, 1}
