@@ -20,7 +20,6 @@ from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
 from engine.request_intake import RequestError, RequestIntake, sampling_params
 from engine.request_state import RequestState
-from engine.sampler import sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import Sequence
@@ -207,14 +206,12 @@ class LLMEngine:
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """Next tokens under each sequence's grammar and settings; records the logprobs asked for.
 
-        An all-greedy step with no grammar and no logprobs takes the argmax where the logits
-        are (the GPU) and copies only the token ids; anything else samples on the CPU."""
-        if all(s.matcher is None and s.logprobs is None for s in seqs):
-            return self.runner.sample_tokens(logits, seqs).tolist()
-        logits = self.structured.apply_masks(logits.cpu(), [s.matcher for s in seqs])
+        Everything happens where the logits are: grammar bitmasks, log-softmax, sampling; from a
+        GPU only token ids and the logprob entries come back, never ``[rows, vocab]``."""
+        logits = self.structured.apply_masks(logits, [s.matcher for s in seqs])
         lp_rows = [i for i, s in enumerate(seqs) if s.logprobs is not None]
         raw = log_softmax(logits[lp_rows]) if lp_rows else None  # grammar-masked, before temperature/top-k/top-p
-        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        tokens = self.runner.sample_tokens(logits, seqs).tolist()
         if raw is not None:
             picked = [tokens[i] for i in lp_rows]
             entries = position_logprobs(raw, picked, [seqs[i].params.logprobs for i in lp_rows])

@@ -21,10 +21,11 @@ def log_softmax(logits: torch.Tensor) -> torch.Tensor:
 
 def position_logprobs(logprobs: torch.Tensor, token_ids: Sequence[int], top_k: Sequence[int]) -> list[PositionLogprobs]:
     """One dict per row of ``logprobs`` ``[rows, vocab]``: the row's token (``token_ids[i]``)
-    first, then the ``top_k[i]`` most likely tokens (the token is not repeated if among them)."""
+    first, then the ``top_k[i]`` most likely tokens (the token is not repeated if among them).
+    Works where the logprobs are: on a GPU only the chosen values, ranks and top-k come back."""
     if logprobs.shape[0] == 0:
         return []
-    tokens = torch.tensor(list(token_ids), dtype=torch.int64)
+    tokens = torch.tensor(list(token_ids), dtype=torch.int64).to(logprobs.device, non_blocking=True)
     chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
     ranks = (logprobs > chosen[:, None]).sum(dim=1) + 1
     k_max = max(top_k)

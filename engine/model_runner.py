@@ -21,8 +21,8 @@ from engine.step_inputs import StepInputs, build_step_inputs
 
 @dataclass
 class StepLogits:
-    """A forward pass's float32 logits: one row per sampling sequence (on the model's device),
-    and for the sequences that ask for prompt logprobs, the rows of prompt positions ``first ...`` (CPU)."""
+    """A forward pass's float32 logits, on the model's device: one row per sampling sequence, and
+    for the sequences that ask for prompt logprobs, the rows of prompt positions ``first ...``."""
 
     sample_seqs: list[Sequence] = field(default_factory=list)
     logits: torch.Tensor | None = None  # [len(sample_seqs), vocab]
@@ -47,13 +47,11 @@ class InFlightStep:
     rows: dict[Sequence, int]  # sequence -> its row of ``tokens``
     tokens: torch.Tensor  # int64 token ids on the device, one per sampling sequence
     host: torch.Tensor  # their host copy (pinned on CUDA), valid once ``wait`` returns
-    event: object | None  # torch.cuda.Event recorded after the copy, None on the CPU
-    device_sync: object  # a callable the wait also goes through (the bench's simulated device)
+    event: object | None  # marks the end of the step's device work (ModelRunner.record_event)
 
     def wait(self) -> list[int]:
         if self.event is not None:
             self.event.synchronize()
-        self.device_sync()
         return self.host.tolist()
 
 
@@ -121,14 +119,15 @@ class ModelRunner:
         prompt logprob."""
         inputs = self.prepare(batch)
         logits = self._forward(inputs)
-        self.device_sync()
+        if not logits.is_cuda and (event := self.record_event()) is not None:
+            event.synchronize()  # a simulated device (the host-overhead bench); CUDA syncs on reading tokens
         # Sampling rows stay on the device: a greedy step then copies token ids, not
         # [rows, vocab] floats (131 MB a step at 256 rows of a 128k vocabulary).
         n = len(inputs.sample_seqs)
         out = StepLogits(inputs.sample_seqs, logits[:n])
         row = n
         for seq, first, count in inputs.prompt_rows:
-            out.prompt.append((seq, first, logits[row : row + count].cpu()))
+            out.prompt.append((seq, first, logits[row : row + count]))  # stay on the device
             row += count
         return out
 
@@ -141,14 +140,11 @@ class ModelRunner:
         logits = self._forward(inputs)
         tokens = self.sample_tokens(logits, inputs.sample_seqs)
         host = tokens
-        event = None
         if tokens.is_cuda:
             host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
             host.copy_(tokens, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
         rows = {seq: i for i, seq in enumerate(inputs.sample_seqs)}
-        return InFlightStep(batch, inputs.sample_seqs, rows, tokens, host, event, self.device_sync)
+        return InFlightStep(batch, inputs.sample_seqs, rows, tokens, host, self.record_event())
 
     def sample_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """Token ids where the logits are: the device sampler on a GPU, the CPU sampler's
@@ -157,10 +153,15 @@ class ModelRunner:
             return sample_on_device(logits, seqs)
         return torch.tensor(sample(logits, [s.params for s in seqs], [s.generator for s in seqs]))
 
-    @staticmethod
-    def device_sync() -> None:
-        """Where a step waits for its device work beyond the token copy's event (a simulated
-        device in the host-overhead bench replaces this)."""
+    def record_event(self):
+        """A marker after the device work queued so far, whose ``synchronize()`` waits for that work:
+        a CUDA event; None on the CPU, where work is done when the call returns. The host-overhead
+        bench replaces this with a simulated device's marker."""
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
 
     @torch.inference_mode()
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
