@@ -37,7 +37,7 @@ def load() -> ctypes.CDLL | None:
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     for fn in (lib.paged_decode_f32, lib.paged_decode_bf16, lib.paged_decode_bf16q):
-        fn.argtypes = [p, i64, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, i64]
+        fn.argtypes = [p, i64, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, i64, i64]
         fn.restype = ctypes.c_int
     return lib
 
@@ -110,7 +110,9 @@ class PagedPrefillKernel:
 
 
 class PagedDecodeKernel:
-    """``kernel(q, k_cache, v_cache, tables, seq_lens, seq_lens_host, scale, out=None) -> out``."""
+    """``kernel(q, k_cache, v_cache, tables, seq_lens, seq_lens_host, scale, out=None, window=None) -> out``.
+    With a sliding ``window``, each sequence attends to its last ``window`` positions only, and
+    the blocks before them are not read."""
 
     KV_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -129,6 +131,7 @@ class PagedDecodeKernel:
     def __call__(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
         seq_lens: torch.Tensor, seq_lens_host: list[int] | None, scale: float, out: torch.Tensor | None = None,
+        window: int | None = None,
     ) -> torch.Tensor:
         """``q``: ``[n, num_heads, head_dim]``, any row stride (a view of the fused projection is
         read in place); ``out``: where to write (``q``'s dtype, contiguous), else a new tensor.
@@ -147,7 +150,7 @@ class PagedDecodeKernel:
         result = torch.empty(q.shape, dtype=io_dtype) if target is None else target
         code = fn(qk.data_ptr(), qk.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
                   tables.stride(0), seq_lens.data_ptr(), result.data_ptr(), num_heads, num_kv_heads, num_blocks,
-                  block_size, head_dim, scale, n, max(1, torch.get_num_threads()))
+                  block_size, head_dim, scale, n, max(1, torch.get_num_threads()), window or 0)
         if code < 0:
             raise MemoryError("CPU decode kernel could not allocate its scratch")
         if code:
