@@ -164,7 +164,7 @@ def extend_kernel(
 
     rows = m0 + tl.arange(0, BLOCK_M)
     row_mask = rows < q_len
-    q_pos = ctx + rows
+    q_pos = ctx + tl.minimum(rows, q_len - 1)  # padding rows act as the last real one: never all masked
     d = tl.arange(0, HEAD_DIM)
     tok = (q_start + rows).to(tl.int64)
     q_ptrs = q_ptr + tok[:, None] * stride_qt + h * stride_qh + d[None, :]
@@ -185,8 +185,7 @@ def extend_kernel(
         k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
         v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
-        # Every real row sees its own key, so no real row's max stays -inf (a padding row's may:
-        # its NaNs stay in its own row, which is not stored).
+        # Every row sees its own key, so no row's max stays -inf.
         seen = (pos[None, :] <= q_pos[:, None]) & (pos[None, :] > q_pos[:, None] - window)
         s = tl.where(valid[None, :] & seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
