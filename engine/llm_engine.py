@@ -55,7 +55,8 @@ class LLMEngine:
         self.runner = ModelRunner(model, backend, config, self.max_model_len, device, features)
         self.num_kv_blocks = self.runner.num_kv_blocks
         self.block_manager = BlockManager(
-            self.num_kv_blocks, config.block_size, config.enable_prefix_caching, config.kv_allocation
+            self.num_kv_blocks, config.block_size, config.enable_prefix_caching, config.kv_allocation,
+            window=getattr(model, "kv_window", None),
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         stop = StopConditions(frozenset(self.eos_token_ids), self.max_model_len, self.output_processor.find_stop_string)

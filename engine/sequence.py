@@ -33,6 +33,7 @@ class Sequence:
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)
+    released_blocks: int = 0  # leading block-table entries given back (outside the sliding window)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     stop_text_end: int | None = None  # where a stop string starts in the output text

@@ -69,3 +69,23 @@ def test_longrope_tables_match_hf():
     for pos in (PHI_ORIGINAL_CONTEXT, 200):
         cos, sin = hf(torch.zeros(1), torch.tensor([[pos]]))
         assert torch.equal(cos[0, 0], ours.cos[pos]) and torch.equal(sin[0, 0], ours.sin[pos])
+
+
+@pytest.mark.parametrize("kind", ["mistral-window", "gemma3"])
+def test_kv_held_follows_the_window_where_every_layer_has_one(kind, tmp_path, default_model_dir):
+    """A 140-token prompt and 40 new tokens: with a window in every layer (Mistral) the blocks
+    behind it are given back as the sequence advances, so the pool never holds more than the
+    window's blocks plus the chunk in flight; Gemma 3's global layers need every block. The
+    tokens are HF's either way."""
+    model_dir = build_family(kind, tmp_path / kind, default_model_dir)
+    prompt = random_prompts(11, seed=5)[10]
+    assert len(prompt) == 140
+    ref = hf_greedy(model_dir, [prompt], 40)
+    llm = LLM(str(model_dir), num_kv_blocks=64, max_num_batched_tokens=32)
+    out = llm.generate([prompt], SamplingParams(max_tokens=40, temperature=0))[0]
+    assert out.token_ids == ref[0]
+    peak = llm.stats()["kv_blocks_peak_used"]
+    if kind == "mistral-window":
+        assert peak <= -(-(WINDOW + 32) // 16) + 1  # the window's blocks plus one 32-token chunk
+    else:
+        assert peak == -(-(140 + 40 - 1) // 16)

@@ -101,6 +101,14 @@ class CausalLM(nn.Module):
         act = act or getattr(config, "hidden_act", "silu")
         return GatedMLP(config.hidden_size, config.intermediate_size, act, **kwargs)
 
+    @property
+    def kv_window(self) -> int | None:
+        """How far back any layer still reads a sequence's keys: the widest window when every
+        layer has one, else None. The block manager gives back blocks older than that."""
+        if not self.windows or any(w is None for w in self.windows):
+            return None
+        return max(self.windows)
+
     def rotary_for(self, index: int) -> RotaryEmbedding:
         return self.rotary
 
