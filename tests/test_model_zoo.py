@@ -8,6 +8,7 @@ import pytest
 import torch
 from engine_cases import CONFIGS, check, hf_greedy, hf_model, random_prompts
 from family_models import FAMILIES, PHI_ORIGINAL_CONTEXT, WINDOW, build_family
+from hf_reference_cache import cached_reference
 
 from engine import LLM, SamplingParams
 
@@ -89,3 +90,27 @@ def test_kv_held_follows_the_window_where_every_layer_has_one(kind, tmp_path, de
         assert peak <= -(-(WINDOW + 32) // 16) + 1  # the window's blocks plus one 32-token chunk
     else:
         assert peak == -(-(140 + 40 - 1) // 16)
+
+
+def test_family_bf16_matches_hf_except_near_ties(family):
+    """bfloat16: tokens equal HF's bfloat16 run's except where HF's own top-2 logits were a
+    near-tie (the tolerance of test_engine_bf16_matches_hf.py). Random tiny models have many
+    genuine bfloat16 ties (first differences at top-2 gaps of 0 to 0.06 here, the plain tiny
+    Llama included), so fewer prompts than the real model's half run identical to the end."""
+    from test_engine_bf16_matches_hf import NEAR_TIE, NEW_TOKENS, hf_bf16_greedy
+
+    kind, model_dir, prompts, _ = family
+    if kind == "phi3":
+        prompts = [p for p in prompts if len(p) + NEW_TOKENS <= PHI_ORIGINAL_CONTEXT]
+    request = {"kind": "bf16-greedy-top2-gaps", "max_new_tokens": NEW_TOKENS, "prompts": prompts}
+    refs, gaps = cached_reference(model_dir, request, lambda: list(hf_bf16_greedy(model_dir, prompts)))
+    llm = LLM(str(model_dir), dtype="bfloat16", num_kv_blocks=256, max_num_batched_tokens=32)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0))
+    identical = 0
+    for i, (out, ref, gap) in enumerate(zip(outs, refs, gaps, strict=True)):
+        first = next((j for j, (a, b) in enumerate(zip(out.token_ids, ref, strict=True)) if a != b), None)
+        if first is None:
+            identical += 1
+            continue
+        assert gap[first] < NEAR_TIE, (kind, i, first, gap[first])
+    assert identical >= 2, (kind, identical, len(prompts))
