@@ -121,3 +121,28 @@ def test_triton_kernels_honour_the_window(window) -> None:
     got = backend.attend(q, k, v, k_cache, v_cache, meta, 0.25, window)
     want = windowed_reference(q, k_cache, v_cache, meta, 0.25, window, canonical=True)
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("kv_dtype,q_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                              (torch.bfloat16, torch.bfloat16)], ids=str)
+@pytest.mark.parametrize("window", WINDOWS)
+def test_c_prefill_kernel_honours_the_window(kv_dtype, q_dtype, window) -> None:
+    """Head size 64 (the kernel's): chunks of 45 and 20 tokens, one after 37 cached ones, so
+    16-token tiles, 16-position blocks and window edges all fall at different places; the
+    first block a chunk's window leaves behind is made unreadable."""
+    from engine.attention.cpu_kernels import PagedPrefillKernel, load_prefill
+    from engine.host import has_avx512
+
+    lib = load_prefill() if has_avx512() else None
+    if lib is None:
+        pytest.skip("the prefill kernel needs AVX-512 and a C compiler")
+    meta, k_cache, v_cache, q, _, _ = make_step(3, 3, 64, kv_dtype, window, False)
+    q = q.to(q_dtype)
+    want = windowed_reference(q, k_cache, v_cache, meta, 0.125, window)
+    if window <= 20:
+        meta.block_tables[3, 0] = 10_000  # positions 0..15 of the chunk after 37 cached tokens: out of reach
+    out = torch.full(q.shape, float("nan"), dtype=q_dtype)
+    PagedPrefillKernel(lib)(q, k_cache, v_cache, meta, 0.125, out, window)
+    rows = slice(int(meta.query_start_loc[2]), None)
+    tol = 1e-5 if q_dtype == torch.float32 else 8e-3
+    torch.testing.assert_close(out[rows].double(), want[rows], atol=tol, rtol=tol)

@@ -9,7 +9,7 @@ Decodes go to the C kernel of ``cpu_kernels.py``, which reads each sequence's bl
 (with torch ops as the fallback: decodes batched by length bucket, compiled). On AVX-512
 CPUs without AMX, prefill chunks of head_dim 64 go to the C prefill kernel
 (``cpu_paged_prefill.c``): tiles of 16 prompt tokens against the blocks in place, flash style,
-so prefix hits need no gather or mask. On an AMD EPYC (Zen 5) it ran 2.4-3.4x faster than SDPA
+so prefix hits need no gather or mask; a layer's sliding window is honoured there too. On an AMD EPYC (Zen 5) it ran 2.4-3.4x faster than SDPA
 in bfloat16 and 2.2-3.0x in float32 (``bench/probe_prefill_attention.py``). Otherwise prefill
 chunks go one sequence at a time through SDPA, and a chunk with no cached context uses its
 fresh keys and skips the gather.
@@ -86,10 +86,10 @@ class TorchAttentionBackend(AttentionBackend):
                window: int | None = None):
         out = torch.empty_like(query)
         nd = meta.num_decodes
-        if meta.num_seqs > nd and window is None and self._prefill_in_kernel(query, k_cache):
+        if meta.num_seqs > nd and self._prefill_in_kernel(query, k_cache):
             if nd:
                 self._decode(query[:nd], k_cache, v_cache, meta, scale, out[:nd], window)
-            self.prefill_kernel_fn(query, k_cache, v_cache, meta, scale, out)
+            self.prefill_kernel_fn(query, k_cache, v_cache, meta, scale, out, window)
             return out
         if nd:
             self._decode(query[:nd], k_cache, v_cache, meta, scale, out[:nd], window)
