@@ -73,7 +73,7 @@ class CausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList([self.build_layer(config, i, **options) for i in range(config.num_hidden_layers)])
         self.norm = self.norm_class(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config, self.head_dim, max_positions)
+        self.build_rotary(config, max_positions)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
@@ -86,6 +86,10 @@ class CausalLM(nn.Module):
 
     def build_layer(self, config, index: int, **options) -> nn.Module:
         raise NotImplementedError
+
+    def build_rotary(self, config, max_positions: int) -> None:
+        """The rotary tables the layers use (``rotary_for``): one, unless the family overrides."""
+        self.rotary = RotaryEmbedding(config, self.head_dim, max_positions)
 
     def tie_weights(self) -> None:
         """Share the embedding as the LM head where the config ties them (again after

@@ -41,10 +41,12 @@ class Gemma3ForCausalLM(CausalLM):
         super().__init__(config, max_positions)
         self.embed_scale = config.hidden_size**0.5
         self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
-        types = config.layer_types
+        self.local = [t == "sliding_attention" for t in config.layer_types]
+
+    def build_rotary(self, config, max_positions: int) -> None:
+        """Global and sliding layers rotate with their own bases (1e6 and 1e4 in the 270M)."""
         self.rotary = RotaryEmbedding(config, self.head_dim, max_positions, layer_type="full_attention")
         self.rotary_local = RotaryEmbedding(config, self.head_dim, max_positions, layer_type="sliding_attention")
-        self.local = [t == "sliding_attention" for t in types]
 
     def build_layer(self, config, index: int):
         attn = self.llama_attention(config, index, qkv_bias=bool(getattr(config, "attention_bias", False)),
