@@ -59,5 +59,7 @@ def test_family_matches_hf(kind, tmp_path, default_model_dir):
 
 def test_unsupported_architecture_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}')
-    with pytest.raises(ValueError, match=r"has architectures \['GPT2LMHeadModel'\]; tokenmill runs"):
+    supported = ("Gemma3ForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, "
+                 "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM")
+    with pytest.raises(ValueError, match=rf"has architectures \['GPT2LMHeadModel'\]; tokenmill runs {supported}$"):
         LLM(str(tmp_path))
