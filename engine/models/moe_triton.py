@@ -87,22 +87,28 @@ def _down_kernel(h_ptr, w_ptr, y_ptr, rows_ptr, experts_ptr, weights_ptr, hidden
 
 def _layout(ids: torch.Tensor, weights: torch.Tensor, num_experts: int):
     """Pairs sorted by expert (HF's order within one), each expert's run padded to BLOCK_M:
-    ``(token of each padded row or -1, its weight, expert of each row tile)``."""
-    num_tokens = ids.shape[0]
+    ``(token of each padded row or -1, its weight, expert of each row tile)``.
+
+    Sizes depend only on the token count (room for the worst padding), and nothing is read back
+    to the host, so a decode step with MoE layers can be captured in a CUDA graph; tiles past
+    the last expert's run hold no live row and write nothing."""
+    num_tokens, top_k = ids.shape
+    dev = ids.device
     flat = ids.t().flatten()
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    starts = torch.cumsum(padded, 0) - padded
+    ends = torch.cumsum(padded, 0)
     first = torch.cumsum(counts, 0) - counts
     sorted_experts = flat[order]
-    dest = starts[sorted_experts] + torch.arange(order.numel(), device=ids.device) - first[sorted_experts]
-    total = int(padded.sum())
-    rows = torch.full((total,), -1, dtype=torch.int32, device=ids.device)
+    dest = ends[sorted_experts] - padded[sorted_experts] + torch.arange(order.numel(), device=dev) - first[sorted_experts]
+    num_tiles = (num_tokens * top_k + num_experts * (BLOCK_M - 1)) // BLOCK_M + 1
+    rows = torch.full((num_tiles * BLOCK_M,), -1, dtype=torch.int32, device=dev)
     rows[dest] = (order % num_tokens).to(torch.int32)
-    row_weights = torch.zeros(total, dtype=torch.float32, device=ids.device)
+    row_weights = torch.zeros(num_tiles * BLOCK_M, dtype=torch.float32, device=dev)
     row_weights[dest] = weights.t().flatten()[order].float()
-    tile_experts = torch.repeat_interleave(torch.arange(num_experts, device=ids.device), padded // BLOCK_M)
+    tile_starts = torch.arange(num_tiles, device=dev) * BLOCK_M
+    tile_experts = torch.searchsorted(ends, tile_starts, right=True).clamp(max=num_experts - 1)
     return rows, row_weights, tile_experts.to(torch.int32)
 
 
@@ -120,17 +126,15 @@ def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weight
     total = rows.numel()
     x, gate_up, down = x.contiguous(), gate_up.contiguous(), down.contiguous()
     h = torch.empty(total, inter, dtype=x.dtype, device=x.device)
-    y = torch.empty(total, hidden, dtype=x.dtype, device=x.device)
+    y = torch.zeros(total, hidden, dtype=x.dtype, device=x.device)  # rows no pair fills stay zero
     dot = tl.float32 if interpreted() or x.dtype == torch.float32 else _TL[x.dtype]
     block_n, block_k = 64, 32
-    if total:
-        _gate_up_kernel[(total // BLOCK_M, triton.cdiv(inter, block_n))](
-            x, gate_up, h, rows, tile_experts, hidden, inter, x.stride(0), gate_up.stride(0), gate_up.stride(1),
-            h.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, DOT=dot)
-        _down_kernel[(total // BLOCK_M, triton.cdiv(hidden, block_n))](
-            h, down, y, rows, tile_experts, row_weights, hidden, inter, h.stride(0), down.stride(0), down.stride(1),
-            y.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, DOT=dot)
+    _gate_up_kernel[(total // BLOCK_M, triton.cdiv(inter, block_n))](
+        x, gate_up, h, rows, tile_experts, hidden, inter, x.stride(0), gate_up.stride(0), gate_up.stride(1),
+        h.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, DOT=dot)
+    _down_kernel[(total // BLOCK_M, triton.cdiv(hidden, block_n))](
+        h, down, y, rows, tile_experts, row_weights, hidden, inter, h.stride(0), down.stride(0), down.stride(1),
+        y.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, DOT=dot)
     out = torch.zeros_like(x)
-    live = rows >= 0
-    out.index_add_(0, rows[live].long(), y[live])
+    out.index_add_(0, rows.clamp(min=0).long(), y)  # empty rows add their zeros to token 0
     return out
