@@ -22,7 +22,6 @@ if not torch.cuda.is_available():
 
 from engine_cases import hf_greedy, random_prompts  # noqa: E402
 from family_models import FAMILIES, PHI_ORIGINAL_CONTEXT, build_family  # noqa: E402
-from model_fixtures import build_tiny_llama  # noqa: E402
 from test_sliding_window_attention import make_step, windowed_reference  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
@@ -38,7 +37,6 @@ if interpreted(extend_kernel):
 @pytest.mark.parametrize("window", [1, 20, 32])
 def test_compiled_triton_attention_honours_the_window(head_dim, window):
     meta, k_cache, v_cache, q, k, v = make_step(1, 4, head_dim, torch.float32, window, True)
-    want = None
     backend = TritonAttentionBackend()
     for name in ("query_start_loc", "seq_lens", "context_lens", "slot_mapping", "block_tables"):
         setattr(meta, name, getattr(meta, name).cuda())
@@ -67,8 +65,7 @@ def test_compiled_fused_moe_matches_grouped_path(dtype):
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
 def test_family_on_cuda_matches_hf(kind, tmp_path):
-    tokenizer_from = build_tiny_llama(tmp_path / "tok", None)  # any folder: prompts are token ids
-    model_dir = build_family(kind, tmp_path / kind, tokenizer_from)
+    model_dir = build_family(kind, tmp_path / kind, tmp_path)  # no tokenizer: the prompts are token ids
     prompts = random_prompts(9, seed=3)
     if kind == "phi3":
         prompts = [p for p in prompts if len(p) + 12 <= PHI_ORIGINAL_CONTEXT]
