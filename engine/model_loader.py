@@ -71,14 +71,15 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: 
             for hf_name in sf.keys():
                 if "rotary_emb" in hf_name:
                     continue
-                entry = layout.get(hf_name)
+                key = hf_name if hf_name in layout else f"model.{hf_name}"  # a name without the prefix, as before
+                entry = layout.get(key)
                 if entry is None:
                     unexpected.append(f"{hf_name} ({f.name})")
                     continue
                 pname, index = entry
                 target = params[pname].data[index] if index else params[pname].data
                 tensor = sf.get_tensor(hf_name)
-                loaded.add(hf_name)  # a misshapen tensor is reported as such rather than as missing
+                loaded.add(key)  # a misshapen tensor is reported as such rather than as missing
                 if tuple(tensor.shape) != tuple(target.shape):  # copy_ would broadcast it silently
                     wrong_shape.append(f"{hf_name} {list(tensor.shape)} (expected {list(target.shape)})")
                     continue
