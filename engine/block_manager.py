@@ -15,6 +15,7 @@ from collections.abc import Sequence as Seq
 from engine.sequence import Sequence
 
 ALLOCATION_POLICIES = ("paged", "contiguous")
+RELEASED = -1  # a block-table entry given back because it fell out of the sliding window
 
 
 def hash_block(parent: bytes | None, token_ids: Seq[int]) -> bytes:
@@ -37,6 +38,11 @@ class BlockManager:
       it can be revived by a later request with the same prefix until it is evicted.
     * Eviction takes the front of ``free_queue`` (least recently freed first). Blocks
       without a hash are put at the front, since nobody can reuse them.
+    * With a sliding ``window`` (a model whose every layer attends to at most that many
+      positions), blocks that fall wholly before the window of a sequence's next query are
+      given back as it advances (their table entries become ``RELEASED``), so the KV a
+      sequence holds follows its window, not its length. A released block keeps its hash in
+      the free queue: a later request with the same prefix can still revive it.
     """
 
     def __init__(
@@ -45,6 +51,7 @@ class BlockManager:
         block_size: int = 16,
         enable_prefix_caching: bool = True,
         allocation: str = "paged",
+        window: int | None = None,
     ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
@@ -54,6 +61,7 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.allocation = allocation
+        self.window = window if allocation == "paged" else None  # a contiguous reservation is kept whole
         self.ref_counts = [0] * num_blocks
         self.block_hashes: list[bytes | None] = [None] * num_blocks
         self.hash_to_block: dict[bytes, int] = {}
@@ -120,9 +128,9 @@ class BlockManager:
         if num_full <= first:
             return
         self._ensure_hashes(seq, num_full)
-        for i in range(first, num_full):
+        for i in range(max(first, seq.released_blocks), num_full):
             block = seq.block_table[i]
-            if self.block_hashes[block] is not None:
+            if block == RELEASED or self.block_hashes[block] is not None:
                 continue
             h = seq.block_hashes[i]
             if h in self.hash_to_block:
@@ -140,6 +148,8 @@ class BlockManager:
     def forget_blocks(self, block_ids: Seq[int]) -> None:
         """Drop the prefix-cache entries of blocks whose contents can no longer be trusted."""
         for block in block_ids:
+            if block == RELEASED:
+                continue
             h = self.block_hashes[block]
             if h is not None:
                 self.block_hashes[block] = None
@@ -182,6 +192,7 @@ class BlockManager:
         if total <= len(table) * self.block_size:  # the common decode step: room in the last block
             if seq.num_registered_blocks < total // self.block_size:
                 self._register(seq, total)
+            self._release_out_of_window(seq)
             return True
         need = self._target_blocks(seq, total) - len(table)
         if need > len(self.free_queue):
@@ -189,7 +200,29 @@ class BlockManager:
         for _ in range(need):
             table.append(self._pop_free_block())
         self._register(seq, total)
+        self._release_out_of_window(seq)
         return True
+
+    def _release_out_of_window(self, seq: Sequence) -> None:
+        """Give back the blocks wholly before the first position the sequence's next query
+        sees (``num_computed_tokens - window + 1``): no later step reads them."""
+        if self.window is None:
+            return
+        first_seen = seq.num_computed_tokens - self.window + 1
+        end = min(max(0, first_seen) // self.block_size, len(seq.block_table))
+        for i in range(seq.released_blocks, end):
+            block = seq.block_table[i]
+            if block != RELEASED:
+                self._unref(block)
+                seq.block_table[i] = RELEASED
+        seq.released_blocks = max(seq.released_blocks, end)
+
+    def _unref(self, block: int) -> None:
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            self.free_queue[block] = None
+            if self.block_hashes[block] is None:
+                self.free_queue.move_to_end(block, last=False)
 
     def fork(self, parent: Sequence, child: Sequence) -> tuple[int, int] | None:
         """Give ``child`` the KV of ``parent``'s computed tokens: full blocks are shared (one
@@ -204,8 +237,10 @@ class BlockManager:
         full = computed // bs
         shared = parent.block_table[:full]
         for block in shared:
-            self.ref_counts[block] += 1
+            if block != RELEASED:
+                self.ref_counts[block] += 1
         child.block_table = list(shared)
+        child.released_blocks = min(parent.released_blocks, full)
         child.block_hashes = list(parent.block_hashes[:full])
         child.num_registered_blocks = min(full, parent.num_registered_blocks)
         child.num_computed_tokens = full * bs
@@ -219,13 +254,11 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Release a sequence's blocks, tail first so the tail is evicted before the shared head."""
         for block in reversed(seq.block_table):
-            self.ref_counts[block] -= 1
-            if self.ref_counts[block] == 0:
-                self.free_queue[block] = None
-                if self.block_hashes[block] is None:
-                    self.free_queue.move_to_end(block, last=False)
+            if block != RELEASED:
+                self._unref(block)
         seq.block_table = []
         seq.num_registered_blocks = 0
+        seq.released_blocks = 0
 
     def reset_prefix_cache(self) -> None:
         self.forget_blocks(range(self.num_blocks))

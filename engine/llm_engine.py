@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from engine.attention import get_backend
-from engine.block_manager import BlockManager
+from engine.block_manager import RELEASED, BlockManager
 from engine.chat import chat_token_ids
 from engine.config import EngineConfig
 from engine.device_features import announce, choose_features
@@ -55,7 +55,8 @@ class LLMEngine:
         self.runner = ModelRunner(model, backend, config, self.max_model_len, device, features)
         self.num_kv_blocks = self.runner.num_kv_blocks
         self.block_manager = BlockManager(
-            self.num_kv_blocks, config.block_size, config.enable_prefix_caching, config.kv_allocation
+            self.num_kv_blocks, config.block_size, config.enable_prefix_caching, config.kv_allocation,
+            window=getattr(model, "kv_window", None),
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         stop = StopConditions(frozenset(self.eos_token_ids), self.max_model_len, self.output_processor.find_stop_string)
@@ -271,7 +272,7 @@ class LLMEngine:
                 alone = ScheduledBatch(batch.step, [item], wants_prompt_logits=batch.wants_prompt_logits)
                 parts.append(self._run(alone))
             except Exception as error:
-                poisoned.update(seq.block_table)
+                poisoned.update(b for b in seq.block_table if b != RELEASED)
                 self.block_manager.forget_blocks(seq.block_table)
                 self._fail(seq, error, finished)
         return StepLogits.merge(parts)

@@ -10,28 +10,15 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
+from engine.models.decoder import CausalLM
+from engine.models.layers import RotaryEmbedding
 from engine.models.linear import pack_linears
-from engine.models.llama import LlamaForCausalLM, RotaryEmbedding
-
-SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
-# HF weight name -> (our parameter name, index of the shard inside a fused parameter)
-_FUSED = {
-    "q_proj": ("qkv_proj", 0),
-    "k_proj": ("qkv_proj", 1),
-    "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
+from engine.models.registry import model_class
 
 
 def load_config(model_dir: Path):
     config = AutoConfig.from_pretrained(model_dir)
-    archs = set(getattr(config, "architectures", None) or [])
-    if not archs & SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"model at {model_dir} has architectures {sorted(archs)}; tokenmill runs "
-            f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
-        )
+    model_class(config, model_dir)  # an unsupported architecture fails here, naming the supported ones
     return config
 
 
@@ -46,18 +33,7 @@ def _weight_files(model_dir: Path) -> list[Path]:
     return files
 
 
-_UNFUSED = {(target, shard): hf for hf, (target, shard) in _FUSED.items()}
 _SHOWN = 10
-
-
-def _checkpoint_name(key: str) -> str:
-    """Our parameter key (``layers.0.self_attn.qkv_proj.weight#1``) as the checkpoint names it."""
-    name, _, shard = key.partition("#")
-    if shard:
-        parts = name.split(".")
-        parts[-2] = _UNFUSED[(parts[-2], int(shard))]
-        name = ".".join(parts)
-    return name if name.startswith("lm_head.") else f"model.{name}"
 
 
 def _mismatch_message(model_dir: Path, missing: list[str], unexpected: list[str], wrong_shape: list[str]) -> str:
@@ -70,70 +46,46 @@ def _mismatch_message(model_dir: Path, missing: list[str], unexpected: list[str]
     return "\n".join(lines)
 
 
-def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: int) -> LlamaForCausalLM:
+def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: int) -> CausalLM:
     config = load_config(model_dir)
+    cls = model_class(config, model_dir)
     files = _weight_files(model_dir)
     names = set()
     for f in files:
         with safe_open(str(f), framework="pt") as sf:
             names.update(sf.keys())
-    qkv_bias = any(n.endswith("self_attn.q_proj.bias") for n in names)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, max_positions, qkv_bias=qkv_bias)
+        model = cls(config, max_positions, **cls.options_from_checkpoint(config, names))
     model = model.to_empty(device="cpu")
-    model.rotary = RotaryEmbedding(config, model.head_dim, max_positions)  # its buffers were on meta
+    model.tie_weights()
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            module.build()  # its buffers were on meta
     params = dict(model.named_parameters())
-    sizes = {
-        "qkv_proj": [model.layers[0].self_attn.q_size, model.layers[0].self_attn.kv_size,
-                     model.layers[0].self_attn.kv_size],
-        "gate_up_proj": [config.intermediate_size, config.intermediate_size],
-    }
+    layout = model.checkpoint_layout()
     loaded: set[str] = set()
     unexpected: list[str] = []
     wrong_shape: list[str] = []
     for f in files:
         with safe_open(str(f), framework="pt") as sf:
             for hf_name in sf.keys():
-                name = hf_name.removeprefix("model.")
-                if "rotary_emb" in name:
+                if "rotary_emb" in hf_name:
                     continue
-                parts = name.split(".")
-                fused = _FUSED.get(parts[-2]) if len(parts) >= 2 else None
-                key, target = name, params.get(name)
-                if fused is not None:
-                    parts[-2] = fused[0]
-                    pname = ".".join(parts)
-                    key, target = f"{pname}#{fused[1]}", params.get(pname)
-                    if target is not None:
-                        offsets = [0]
-                        for size in sizes[fused[0]]:
-                            offsets.append(offsets[-1] + size)
-                        target = target.data[offsets[fused[1]] : offsets[fused[1] + 1]]
-                if target is None:
+                key = hf_name if hf_name in layout else f"model.{hf_name}"  # a name without the prefix, as before
+                entry = layout.get(key)
+                if entry is None:
                     unexpected.append(f"{hf_name} ({f.name})")
                     continue
+                pname, index = entry
+                target = params[pname].data[index] if index else params[pname].data
                 tensor = sf.get_tensor(hf_name)
+                loaded.add(key)  # a misshapen tensor is reported as such rather than as missing
                 if tuple(tensor.shape) != tuple(target.shape):  # copy_ would broadcast it silently
                     wrong_shape.append(f"{hf_name} {list(tensor.shape)} (expected {list(target.shape)})")
-                    loaded.add(key)  # present, reported as misshapen rather than missing
                     continue
                 with torch.no_grad():
-                    target.data.copy_(tensor)
-                loaded.add(key)
-    tied = getattr(config, "tie_word_embeddings", False)
-    if tied:
-        model.lm_head.weight = model.embed_tokens.weight
-    expected = set()
-    for pname in dict(model.named_parameters(remove_duplicate=False)):
-        if tied and pname == "lm_head.weight":
-            continue
-        if pname.endswith(("qkv_proj.weight", "qkv_proj.bias")):
-            expected.update(f"{pname}#{i}" for i in range(3))
-        elif pname.endswith("gate_up_proj.weight"):
-            expected.update(f"{pname}#{i}" for i in range(2))
-        else:
-            expected.add(pname)
-    missing = sorted(_checkpoint_name(k) for k in expected - loaded)
+                    target.copy_(tensor)
+    missing = sorted(set(layout) - loaded)
     if missing or unexpected or wrong_shape:
         raise ValueError(_mismatch_message(model_dir, missing, unexpected, wrong_shape))
     model = model.to(device=device, dtype=dtype).eval()

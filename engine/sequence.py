@@ -40,6 +40,7 @@ class Sequence:
     # 1 while the last entry of token_ids is a placeholder for a token the device is still sampling
     # (async scheduling); the engine writes the real token there before anything reads it.
     num_pending_tokens: int = 0
+    released_blocks: int = 0  # leading block-table entries given back (outside the sliding window)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     stop_text_end: int | None = None  # where a stop string starts in the output text

@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from hf_reference_cache import cached_reference
 
+from engine import LLM, SamplingParams
+
 INSTRUCTION = "You are a careful assistant. Summarise the document in one short sentence."
 
 DOCUMENTS = [
@@ -84,3 +86,32 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) ->
     request = {"kind": "greedy", "dtype": "float32", "pad_token_id": 2, "max_new_tokens": max_new_tokens,
                "prompts": [list(p) for p in prompts]}
     return cached_reference(model_dir, request, compute)
+
+
+# Engine configurations every equality test runs (each exercises one mechanism; check() asserts it ran).
+CONFIGS = {
+    "prefix-caching-on": dict(enable_prefix_caching=True),
+    "prefix-caching-off": dict(enable_prefix_caching=False),
+    "chunked-prefill": dict(max_num_batched_tokens=24),
+    "preemption": dict(num_kv_blocks=14, max_num_batched_tokens=64),
+    "static": dict(scheduling="static", max_num_seqs=5),
+    "contiguous": dict(kv_allocation="contiguous"),
+}
+
+
+def check(llm: LLM, prompts, refs, name: str, max_tokens: int) -> None:
+    outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0))
+    for i, (out, ref) in enumerate(zip(outs, refs, strict=True)):
+        assert out.error is None
+        assert out.token_ids == ref, f"{name}: prompt {i} differs from HF"
+    stats = llm.stats()
+    mode = name.split()[-1]  # "preemption", or "qwen3 preemption" from the model zoo
+    if mode == "chunked-prefill":
+        assert max(len(p) for p in prompts) > 24
+    if mode.endswith("preemption"):
+        assert stats["preemptions"] > 0
+    if mode == "prefix-caching-on":
+        assert stats["prefix_cache_hit_tokens"] > 0
+    if mode == "prefix-caching-off":
+        assert stats["prefix_cache_hit_tokens"] == 0
+    assert stats["kv_blocks_used_now"] == 0

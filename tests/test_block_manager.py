@@ -166,3 +166,37 @@ def test_static_policy_admits_a_new_cohort_only_when_the_old_one_is_done():
 def test_block_manager_rejects_bad_settings(bad):
     with pytest.raises(ValueError):
         BlockManager(**bad)
+
+
+def test_sliding_window_gives_back_blocks_behind_the_window_and_they_stay_revivable():
+    """Window 20, blocks of 4: a query at position p reads p-19..p, so once 40 tokens are in
+    the cache the next query starts at 21 and blocks 0-4 (positions 0-19) go back; a later
+    request with the same prefix revives them from the free queue, and a fork and a free
+    skip the released entries."""
+    from engine.block_manager import RELEASED
+
+    bm = BlockManager(num_blocks=64, block_size=4, window=20)
+    seq = make_seq("a", list(range(40)))
+    run_prefill(bm, seq)
+    assert seq.block_table.count(RELEASED) == 0  # the prompt's own queries still read from position 0
+    assert bm.allocate_slots(seq, 1)  # the decode at position 40 reads 21..40
+    assert seq.block_table[:5] == [RELEASED] * 5 and RELEASED not in seq.block_table[5:]
+    assert bm.num_used_blocks == 11 - 5
+    assert bm.find_cached_prefix(make_seq("b", list(range(40)))) == [0, 1, 2, 3, 4, 5, 6, 7, 8]
+
+    child = make_seq("a", list(range(40)))
+    seq.num_computed_tokens = 40
+    bm.fork(seq, child)
+    assert child.block_table[:5] == [RELEASED] * 5 and child.released_blocks == 5
+    bm.free(child)
+    bm.free(seq)
+    assert bm.num_free_blocks == 64 and seq.released_blocks == 0
+    assert all(count == 0 for count in bm.ref_counts)
+
+
+def test_no_window_or_a_contiguous_reservation_keeps_every_block():
+    for bm in (BlockManager(num_blocks=64, block_size=4), BlockManager(64, 4, allocation="contiguous", window=20)):
+        seq = make_seq("a", list(range(40)))
+        run_prefill(bm, seq)
+        assert bm.allocate_slots(seq, 1)
+        assert -1 not in seq.block_table

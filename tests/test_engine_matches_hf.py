@@ -3,35 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from engine_cases import chat_prompts, hf_greedy, random_prompts
+from engine_cases import CONFIGS, chat_prompts, check, hf_greedy, random_prompts
 
-from engine import LLM, SamplingParams
-
-CONFIGS = {
-    "prefix-caching-on": dict(enable_prefix_caching=True),
-    "prefix-caching-off": dict(enable_prefix_caching=False),
-    "chunked-prefill": dict(max_num_batched_tokens=24),
-    "preemption": dict(num_kv_blocks=14, max_num_batched_tokens=64),
-    "static": dict(scheduling="static", max_num_seqs=5),
-    "contiguous": dict(kv_allocation="contiguous"),
-}
-
-
-def check(llm: LLM, prompts, refs, name: str, max_tokens: int) -> None:
-    outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0))
-    for i, (out, ref) in enumerate(zip(outs, refs, strict=True)):
-        assert out.error is None
-        assert out.token_ids == ref, f"{name}: prompt {i} differs from HF"
-    stats = llm.stats()
-    if name == "chunked-prefill":
-        assert max(len(p) for p in prompts) > 24
-    if name == "preemption":
-        assert stats["preemptions"] > 0
-    if name == "prefix-caching-on":
-        assert stats["prefix_cache_hit_tokens"] > 0
-    if name == "prefix-caching-off":
-        assert stats["prefix_cache_hit_tokens"] == 0
-    assert stats["kv_blocks_used_now"] == 0
+from engine import LLM
 
 
 @pytest.fixture(scope="module")

@@ -58,7 +58,7 @@ def errors_of(data: dict[str, Any]) -> list[str]:
         ({"model": {"name": "smollm2-135m-instruct", "path": "/m"}},
          "model.path: give model.name or model.path, not both"),
         ({"model": {"name": "smolm2"}},
-         "model.name: unknown model 'smolm2'; registered: smollm2-135m-instruct (or give model.path)"),
+         "model.name: unknown model 'smolm2'; registered: gemma3-270m, smollm2-135m-instruct (or give model.path)"),
         ({"name": "bad name!"}, "name: String should match pattern"),
         ({"evaluate": {"method": "exact"}}, "evaluate: the [evaluate] table is only for kind 'evaluate'"),
         ({"kind": "evaluate", "evaluate": {"method": "regex"}}, "evaluate.pattern: required when method = 'regex'"),
@@ -209,3 +209,9 @@ def test_example_specs_load() -> None:
     assert demo.sampling.max_tokens == 48 and demo.model.engine_settings()["model"] == "smollm2-135m-instruct"
     assert len((REPO / "examples/demo/docs/part-0.jsonl").read_text().splitlines()) == 6
     assert len((REPO / "examples/demo/docs/part-1.jsonl").read_text().splitlines()) == 6
+
+
+def test_a_spec_can_name_the_packaged_gemma3() -> None:
+    """gemma3-270m is registered like the default model: a spec naming it plans an engine for it."""
+    spec = JobSpec.from_dict(spec_data(model={"name": "gemma3-270m"}))
+    assert spec.to_plan("x").engine == {"model": "gemma3-270m"}

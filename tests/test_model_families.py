@@ -59,5 +59,20 @@ def test_family_matches_hf(kind, tmp_path, default_model_dir):
 
 def test_unsupported_architecture_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}')
-    with pytest.raises(ValueError, match=r"has architectures \['GPT2LMHeadModel'\]; tokenmill runs"):
+    supported = ("Gemma3ForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, "
+                 "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM")
+    with pytest.raises(ValueError, match=rf"has architectures \['GPT2LMHeadModel'\]; tokenmill runs {supported}$"):
         LLM(str(tmp_path))
+
+
+def test_checkpoint_names_without_the_model_prefix_still_load(tmp_path, default_model_dir):
+    """Tensors named ``layers.0...`` instead of ``model.layers.0...`` load as before the registry."""
+    from safetensors.torch import load_file, save_file
+
+    model_dir = build("llama-tied", tmp_path / "m", default_model_dir)
+    tensors = load_file(model_dir / "model.safetensors")
+    save_file({k.removeprefix("model."): v for k, v in tensors.items()}, model_dir / "model.safetensors",
+              metadata={"format": "pt"})
+    prompts = random_prompts(2, seed=4)
+    outs = LLM(str(model_dir), num_kv_blocks=32).generate(prompts, SamplingParams(max_tokens=4, temperature=0))
+    assert [o.token_ids for o in outs] == hf_greedy(model_dir, prompts, 4)

@@ -37,17 +37,22 @@ class AttentionBackend(ABC):
     def attend(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         """Causal attention of ``query`` ``[T, num_heads, head_dim]`` over each sequence's
         cached context plus its new tokens; returns ``[T, num_heads, head_dim]``.
-        ``key``/``value`` are this step's new keys (already written to the pool)."""
+        ``key``/``value`` are this step's new keys (already written to the pool). ``window``:
+        a query at position ``p`` sees only keys at ``p - window + 1 .. p`` (HF's sliding
+        window), None: every earlier key."""
 
 
 class Attention(torch.nn.Module):
     """The attention layer as the model sees it: bound to its layer's slice of the pool."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 window: int | None = None) -> None:
         super().__init__()
+        self.window = window  # sliding window of this layer (None: full attention)
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -59,4 +64,4 @@ class Attention(torch.nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         assert self.backend is not None and self.k_cache is not None, "KV cache not bound"
         self.backend.write_kv(k, v, self.k_cache, self.v_cache, meta)
-        return self.backend.attend(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
+        return self.backend.attend(q, k, v, self.k_cache, self.v_cache, meta, self.scale, self.window)

@@ -37,7 +37,7 @@ def load() -> ctypes.CDLL | None:
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     for fn in (lib.paged_decode_f32, lib.paged_decode_bf16, lib.paged_decode_bf16q):
-        fn.argtypes = [p, i64, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, i64]
+        fn.argtypes = [p, i64, p, p, p, i64, p, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, i64, i64]
         fn.restype = ctypes.c_int
     return lib
 
@@ -58,6 +58,7 @@ def _instance(kernel, q: torch.Tensor, k_cache: torch.Tensor):
 
 
 PREFILL_SOURCE = SOURCE.with_name("cpu_paged_prefill.c")
+NO_WINDOW = 1 << 40  # the prefill kernel's window for a layer without one: longer than any context
 
 
 @functools.cache
@@ -68,21 +69,22 @@ def load_prefill() -> ctypes.CDLL | None:
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     for fn in (lib.paged_prefill_f32, lib.paged_prefill_bf16, lib.paged_prefill_bf16q):
-        fn.argtypes = [p, i64, p, p, p, i64, p, p, i64, i64, p, i64, i64, i64, i64, ctypes.c_float, i64]
+        fn.argtypes = [p, i64, p, p, p, i64, p, p, i64, i64, p, i64, i64, i64, i64, ctypes.c_float, i64, i64]
         fn.restype = ctypes.c_int
     return lib
 
 
 class PagedPrefillKernel:
     """``kernel(q, k_cache, v_cache, meta, scale, out)``: the prompt chunks of a step (sequences
-    ``meta.num_decodes`` onward), written into their rows of ``out``. head_dim 64 only."""
+    ``meta.num_decodes`` onward), written into their rows of ``out``. head_dim 64 only. With a
+    sliding ``window``, each token sees only the last ``window`` positions up to its own."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.fns = {torch.float32: lib.paged_prefill_f32, torch.bfloat16: lib.paged_prefill_bf16}
         self.bf16_queries = lib.paged_prefill_bf16q
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float,
-                 out: torch.Tensor) -> None:
+                 out: torch.Tensor, window: int | None = None) -> None:
         num_heads, head_dim = q.shape[1], q.shape[2]
         num_kv_heads, num_blocks, block_size, _ = k_cache.shape
         assert head_dim == 64 and k_cache.dtype == v_cache.dtype and k_cache.is_contiguous() and v_cache.is_contiguous()
@@ -96,7 +98,7 @@ class PagedPrefillKernel:
         code = fn(qk.data_ptr(), qk.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
                   tables.stride(0), starts.data_ptr(), contexts.data_ptr(), meta.num_decodes, meta.num_seqs,
                   target.data_ptr(), num_heads, num_kv_heads, num_blocks, block_size, scale,
-                  max(1, torch.get_num_threads()))
+                  max(1, torch.get_num_threads()), window or NO_WINDOW)
         if code == -1:
             raise MemoryError("CPU prefill kernel could not allocate its scratch")
         if code == -2:
@@ -110,7 +112,9 @@ class PagedPrefillKernel:
 
 
 class PagedDecodeKernel:
-    """``kernel(q, k_cache, v_cache, tables, seq_lens, seq_lens_host, scale, out=None) -> out``."""
+    """``kernel(q, k_cache, v_cache, tables, seq_lens, seq_lens_host, scale, out=None, window=None) -> out``.
+    With a sliding ``window``, each sequence attends to its last ``window`` positions only, and
+    the blocks before them are not read."""
 
     KV_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -129,6 +133,7 @@ class PagedDecodeKernel:
     def __call__(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
         seq_lens: torch.Tensor, seq_lens_host: list[int] | None, scale: float, out: torch.Tensor | None = None,
+        window: int | None = None,
     ) -> torch.Tensor:
         """``q``: ``[n, num_heads, head_dim]``, any row stride (a view of the fused projection is
         read in place); ``out``: where to write (``q``'s dtype, contiguous), else a new tensor.
@@ -147,7 +152,7 @@ class PagedDecodeKernel:
         result = torch.empty(q.shape, dtype=io_dtype) if target is None else target
         code = fn(qk.data_ptr(), qk.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
                   tables.stride(0), seq_lens.data_ptr(), result.data_ptr(), num_heads, num_kv_heads, num_blocks,
-                  block_size, head_dim, scale, n, max(1, torch.get_num_threads()))
+                  block_size, head_dim, scale, n, max(1, torch.get_num_threads()), window or 0)
         if code < 0:
             raise MemoryError("CPU decode kernel could not allocate its scratch")
         if code:

@@ -8,19 +8,24 @@
  * are walked block by block (no division per position); scores are exponentiated by a loop the
  * compiler vectorizes (fast_exp). */
 static inline void NAME(decode_item)(const float *restrict qi, const KV *restrict kbase, const KV *restrict vbase,
-                                     const int32_t *restrict table, int64_t len, const int64_t group,
+                                     const int32_t *restrict table, int64_t len, int64_t lo, const int64_t group,
                                      int64_t block_size, const int64_t head_dim, float scale, float *restrict oi,
                                      float *restrict scores, float *restrict maxes, float *restrict sums,
                                      float *restrict widened) {
     (void)widened; /* unused where KV is float */
     memset(oi, 0, sizeof(float) * group * head_dim);
     if (len <= 0) return;
+    const int64_t base = lo / block_size * block_size; /* blocks before the window are not read */
     for (int64_t j = 0; j < group; ++j) maxes[j] = -INFINITY;
-    for (int64_t start = 0; start < len; start += block_size) {
+    for (int64_t start = base; start < len; start += block_size) {
         const int64_t count = len - start < block_size ? len - start : block_size;
         const float *kb = WIDEN(kbase + (int64_t)table[start / block_size] * block_size * head_dim, count * head_dim,
                                 widened);
         for (int64_t p = 0; p < count; ++p) {
+            if (start + p < lo) { /* before the sliding window: weight 0 */
+                for (int64_t j = 0; j < group; ++j) scores[j * len + start + p] = -INFINITY;
+                continue;
+            }
             const float *kt = kb + p * head_dim;
             for (int64_t j = 0; j < group; ++j) {
                 const float *qj = qi + j * head_dim;
@@ -38,13 +43,13 @@ static inline void NAME(decode_item)(const float *restrict qi, const KV *restric
         const float m = maxes[j];
         float *s = scores + j * len;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t pos = 0; pos < len; ++pos) {
+        for (int64_t pos = base; pos < len; ++pos) {
             s[pos] = fast_exp(s[pos] - m);
             sum += s[pos];
         }
         sums[j] = sum;
     }
-    for (int64_t start = 0; start < len; start += block_size) {
+    for (int64_t start = base; start < len; start += block_size) {
         const int64_t count = len - start < block_size ? len - start : block_size;
         const float *vb = WIDEN(vbase + (int64_t)table[start / block_size] * block_size * head_dim, count * head_dim,
                                 widened);
@@ -72,7 +77,7 @@ static inline void NAME(decode_item)(const float *restrict qi, const KV *restric
  * (hsum16), instead of one horizontal reduction per position and query head; the group's outputs
  * stay in registers through the weighted sum of values. group <= 4 (a constant where inlined). */
 static inline void NAME(decode_item_d64)(const float *restrict qi, const KV *restrict kbase, const KV *restrict vbase,
-                                         const int32_t *restrict table, int64_t len, const int64_t group,
+                                         const int32_t *restrict table, int64_t len, int64_t lo, const int64_t group,
                                          int64_t block_size, float scale, float *restrict oi,
                                          float *restrict scores, float *restrict sums, float *restrict widened) {
     (void)widened;
@@ -90,15 +95,16 @@ static inline void NAME(decode_item_d64)(const float *restrict qi, const KV *res
 #endif
     const __m512 vscale = _mm512_set1_ps(scale);
     const int64_t block_bytes = block_size * 64 * (int64_t)sizeof(KV);
-    for (int64_t b = 0; b < 2 && b * block_size < len; ++b)
-        prefetch_block(kbase + (int64_t)table[b] * block_size * 64, block_bytes);
-    for (int64_t start = 0; start < len; start += block_size) {
+    const int64_t base = lo / block_size * block_size, b0 = base / block_size; /* the window's first block */
+    for (int64_t b = 0; b < 2 && base + b * block_size < len; ++b)
+        prefetch_block(kbase + (int64_t)table[b0 + b] * block_size * 64, block_bytes);
+    for (int64_t start = base; start < len; start += block_size) {
         const int64_t count = len - start < block_size ? len - start : block_size;
         if (start + 2 * block_size < len)
             prefetch_block(kbase + (int64_t)table[start / block_size + 2] * block_size * 64, block_bytes);
         else if (start + block_size >= len) /* the last key block: ask for the first value blocks */
-            for (int64_t b = 0; b < 2 && b * block_size < len; ++b)
-                prefetch_block(vbase + (int64_t)table[b] * block_size * 64, block_bytes);
+            for (int64_t b = 0; b < 2 && base + b * block_size < len; ++b)
+                prefetch_block(vbase + (int64_t)table[b0 + b] * block_size * 64, block_bytes);
 #ifdef QK_DPBF16
         const KV *kb = kbase + (int64_t)table[start / block_size] * block_size * 64;
 #else
@@ -126,16 +132,18 @@ static inline void NAME(decode_item_d64)(const float *restrict qi, const KV *res
             }
         }
     }
+    for (int64_t j = 0; j < group; ++j) /* positions before the sliding window: weight 0 */
+        for (int64_t pos = base; pos < lo; ++pos) scores[j * len + pos] = -INFINITY;
     for (int64_t j = 0; j < group; ++j) {
         float *s = scores + j * len;
         __m512 vmax = _mm512_set1_ps(-INFINITY);
-        int64_t pos = 0;
+        int64_t pos = base;
         for (; pos + 16 <= len; pos += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + pos));
         float m = _mm512_reduce_max_ps(vmax);
         for (; pos < len; ++pos) m = s[pos] > m ? s[pos] : m;
         const __m512 vm = _mm512_set1_ps(m);
         __m512 vsum = _mm512_setzero_ps();
-        for (pos = 0; pos < len; pos += 16) {
+        for (pos = base; pos < len; pos += 16) {
             const __mmask16 live = len - pos >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (len - pos)) - 1u);
             const __m512 e = fast_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + pos), vm));
             _mm512_mask_storeu_ps(s + pos, live, e);
@@ -146,7 +154,7 @@ static inline void NAME(decode_item_d64)(const float *restrict qi, const KV *res
     __m512 o[4][4]; /* only now live: with q and the 16 score accumulators they would not fit in registers */
     for (int64_t j = 0; j < group; ++j)
         for (int c = 0; c < 4; ++c) o[j][c] = _mm512_setzero_ps();
-    for (int64_t start = 0; start < len; start += block_size) {
+    for (int64_t start = base; start < len; start += block_size) {
         const int64_t count = len - start < block_size ? len - start : block_size;
         if (start + 2 * block_size < len)
             prefetch_block(vbase + (int64_t)table[start / block_size + 2] * block_size * 64, block_bytes);
@@ -175,7 +183,7 @@ static inline void NAME(decode_item_d64)(const float *restrict qi, const KV *res
 int NAME(paged_decode)(const QT *q, int64_t q_stride, const KV *k, const KV *v, const int32_t *tables,
                      int64_t table_stride, const int32_t *seq_lens, QT *out, int64_t num_heads,
                      int64_t num_kv_heads, int64_t num_blocks, int64_t block_size, int64_t head_dim,
-                     float scale, int64_t num_seqs, int64_t num_threads) {
+                     float scale, int64_t num_seqs, int64_t num_threads, int64_t window) {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t head_stride = num_blocks * block_size * head_dim;
     const int64_t items = num_seqs * num_kv_heads;
@@ -183,8 +191,10 @@ int NAME(paged_decode)(const QT *q, int64_t q_stride, const KV *k, const KV *v, 
     for (int64_t i = 0; i < num_seqs; ++i) {
         const int64_t len = seq_lens[i];
         if (len > max_len) max_len = len;
-        /* a block id outside the pool would read out of bounds: refuse (sequence i + 1) */
-        for (int64_t b = 0; b < (len + block_size - 1) / block_size; ++b)
+        /* a block id outside the pool would read out of bounds: refuse (sequence i + 1); blocks
+         * wholly before a sliding window are never read */
+        const int64_t first = window > 0 && len > window ? (len - window) / block_size : 0;
+        for (int64_t b = first; b < (len + block_size - 1) / block_size; ++b)
             if (tables[i * table_stride + b] < 0 || tables[i * table_stride + b] >= num_blocks) return (int)(i + 1);
     }
     int failed = 0;
@@ -209,26 +219,26 @@ int NAME(paged_decode)(const QT *q, int64_t q_stride, const KV *k, const KV *v, 
             for (int64_t e = 0; e < group * head_dim; ++e) qi[e] = Q_LOAD(qsrc[e]);
             const int32_t *table = tables + i * table_stride;
             const KV *kb = k + kh * head_stride, *vb = v + kh * head_stride;
-            const int64_t len = seq_lens[i];
+            const int64_t len = seq_lens[i], lo = window > 0 && len > window ? len - window : 0;
 #ifdef __AVX512F__
             if (head_dim == 64 && group == 3 && block_size % 16 == 0) /* SmolLM2 */
-                NAME(decode_item_d64)(qi, kb, vb, table, len, 3, block_size, scale, oi, scores, sums, widened);
+                NAME(decode_item_d64)(qi, kb, vb, table, len, lo, 3, block_size, scale, oi, scores, sums, widened);
             else if (head_dim == 64 && group <= 4 && block_size % 16 == 0)
-                NAME(decode_item_d64)(qi, kb, vb, table, len, group, block_size, scale, oi, scores, sums, widened);
+                NAME(decode_item_d64)(qi, kb, vb, table, len, lo, group, block_size, scale, oi, scores, sums, widened);
             else
 #endif
             if (head_dim == 64 && group == 3)
-                NAME(decode_item)(qi, kb, vb, table, len, 3, block_size, 64, scale, oi, scores, maxes, sums, widened);
+                NAME(decode_item)(qi, kb, vb, table, len, lo, 3, block_size, 64, scale, oi, scores, maxes, sums, widened);
             else if (head_dim == 64 && group == 4)
-                NAME(decode_item)(qi, kb, vb, table, len, 4, block_size, 64, scale, oi, scores, maxes, sums, widened);
+                NAME(decode_item)(qi, kb, vb, table, len, lo, 4, block_size, 64, scale, oi, scores, maxes, sums, widened);
             else if (head_dim == 128 && group == 4)
-                NAME(decode_item)(qi, kb, vb, table, len, 4, block_size, 128, scale, oi, scores, maxes, sums, widened);
+                NAME(decode_item)(qi, kb, vb, table, len, lo, 4, block_size, 128, scale, oi, scores, maxes, sums, widened);
             else if (head_dim == 64)
-                NAME(decode_item)(qi, kb, vb, table, len, group, block_size, 64, scale, oi, scores, maxes, sums, widened);
+                NAME(decode_item)(qi, kb, vb, table, len, lo, group, block_size, 64, scale, oi, scores, maxes, sums, widened);
             else if (head_dim == 128)
-                NAME(decode_item)(qi, kb, vb, table, len, group, block_size, 128, scale, oi, scores, maxes, sums, widened);
+                NAME(decode_item)(qi, kb, vb, table, len, lo, group, block_size, 128, scale, oi, scores, maxes, sums, widened);
             else
-                NAME(decode_item)(qi, kb, vb, table, len, group, block_size, head_dim, scale, oi, scores, maxes,
+                NAME(decode_item)(qi, kb, vb, table, len, lo, group, block_size, head_dim, scale, oi, scores, maxes,
                                   sums, widened);
             for (int64_t e = 0; e < group * head_dim; ++e) odst[e] = Q_STORE(oi[e]);
         }

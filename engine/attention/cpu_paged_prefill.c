@@ -12,7 +12,9 @@
  * Layout (the torch backend's): k, v [num_kv_heads, num_blocks, block_size, 64], contiguous; q
  * [T, num_heads, 64] with row stride q_stride; out [T, num_heads, 64] contiguous (q's dtype).
  * Sequences first_seq .. num_seqs - 1 are prompt chunks: tokens query_start[s] .. query_start[s+1]
- * at positions context_lens[s] + j. float32 math; scores scaled before the max.
+ * at positions context_lens[s] + j. float32 math; scores scaled before the max. With a sliding
+ * window (window < the context; pass a huge one for none) token j sees only the last `window`
+ * positions up to its own, and blocks wholly before its tile's window are not read.
  * Returns 0, -1 (scratch allocation failed) or 1 + the sequence whose table leaves the pool.
  */
 #include <math.h>
@@ -53,13 +55,16 @@ static inline const float *widen_bf16(const uint16_t *src, float *buf) {
         for (int d = 0; d < HD; ++d) _mm512_storeu_ps(ot + (h * HD + d) * TILE, _mm512_setzero_ps());          \
     }                                                                                                         \
     const int64_t last = pos0 + n - 1; /* the last position any token of the tile sees */                     \
-    for (int64_t p0 = 0; p0 <= last; p0 += TILE) {                                                            \
+    /* the first position token 0 sees (sliding window), from the start of its 16-position tile */            \
+    const int64_t first = pos0 - window + 1 > 0 ? (pos0 - window + 1) / TILE * TILE : 0;                      \
+    for (int64_t p0 = first; p0 <= last; p0 += TILE) {                                                        \
         const int64_t blk = table[p0 / block_size];                                                           \
         const int64_t at = (blk * block_size + p0 % block_size) * HD;                                         \
         const float *kb = WIDEN((const KV *)kbase + at, kw);                                                  \
         const float *vb = WIDEN((const KV *)vbase + at, vw);                                                  \
         const int np = last - p0 + 1 < TILE ? (int)(last - p0 + 1) : TILE;                                     \
         const int diagonal = p0 + TILE - 1 > pos0; /* some position here is after some token */              \
+        const int64_t band = p0 - pos0 + window; /* token i sees position p0 + p only if i < band + p */      \
         for (int h = 0; h < g; ++h) {                                                                         \
             const float *qh = qt + h * HD * TILE;                                                             \
             __m512 s[TILE];                                                                                   \
@@ -72,9 +77,14 @@ static inline const float *widen_bf16(const uint16_t *src, float *buf) {
             for (int p = 0; p < TILE; ++p) {                                                                  \
                 if (p >= np)                                                                                  \
                     s[p] = _mm512_set1_ps(-INFINITY);                                                         \
-                else if (diagonal) /* token i sees position p0 + p iff p0 + p <= pos0 + i */                 \
-                    s[p] = _mm512_mask_mov_ps(s[p], _mm512_cmp_ps_mask(lane, _mm512_set1_ps((float)(p0 + p - pos0)), \
-                                                                       _CMP_LT_OQ), _mm512_set1_ps(-INFINITY));  \
+                else {                                                                                        \
+                    if (diagonal) /* token i sees position p0 + p iff p0 + p <= pos0 + i */                   \
+                        s[p] = _mm512_mask_mov_ps(s[p], _mm512_cmp_ps_mask(lane, _mm512_set1_ps((float)(p0 + p - pos0)), \
+                                                                           _CMP_LT_OQ), _mm512_set1_ps(-INFINITY)); \
+                    if (band + p < TILE) /* ... and p0 + p > pos0 + i - window: lanes from band + p on are out */ \
+                        s[p] = _mm512_mask_mov_ps(s[p], _mm512_cmp_ps_mask(lane, _mm512_set1_ps((float)(band + p)), \
+                                                                           _CMP_GE_OQ), _mm512_set1_ps(-INFINITY)); \
+                }                                                                                             \
                 mx = _mm512_max_ps(mx, s[p]);                                                                 \
             }                                                                                                 \
             const __m512 alpha = fast_exp16(_mm512_sub_ps(m[h], mx));                                              \
@@ -102,13 +112,14 @@ static inline const float *widen_bf16(const uint16_t *src, float *buf) {
     int NAME(const QT *q, int64_t q_stride, const KV *k, const KV *v, const int32_t *tables, int64_t table_stride,  \
              const int32_t *query_start, const int32_t *context_lens, int64_t first_seq, int64_t num_seqs, QT *out, \
              int64_t num_heads, int64_t num_kv_heads, int64_t num_blocks, int64_t block_size, float scale,         \
-             int64_t num_threads) {                                                                               \
+             int64_t num_threads, int64_t window) {                                                               \
         const int64_t g = num_heads / num_kv_heads;                                                               \
         if (g > MAX_GROUP || g * num_kv_heads != num_heads || block_size % TILE) return -2;                       \
         int64_t tiles = 0;                                                                                        \
         for (int64_t s = first_seq; s < num_seqs; ++s) {                                                          \
             const int64_t len = context_lens[s] + query_start[s + 1] - query_start[s];                            \
-            for (int64_t b = 0; b < (len + block_size - 1) / block_size; ++b)                                     \
+            const int64_t seen = context_lens[s] - window + 1; /* blocks before the window are not read */        \
+            for (int64_t b = seen > 0 ? seen / block_size : 0; b < (len + block_size - 1) / block_size; ++b)      \
                 if (tables[s * table_stride + b] < 0 || tables[s * table_stride + b] >= num_blocks) return (int)(s + 1); \
             tiles += (query_start[s + 1] - query_start[s] + TILE - 1) / TILE;                                     \
         }                                                                                                         \

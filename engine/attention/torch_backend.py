@@ -9,7 +9,7 @@ Decodes go to the C kernel of ``cpu_kernels.py``, which reads each sequence's bl
 (with torch ops as the fallback: decodes batched by length bucket, compiled). On AVX-512
 CPUs without AMX, prefill chunks of head_dim 64 go to the C prefill kernel
 (``cpu_paged_prefill.c``): tiles of 16 prompt tokens against the blocks in place, flash style,
-so prefix hits need no gather or mask. On an AMD EPYC (Zen 5) it ran 2.4-3.4x faster than SDPA
+so prefix hits need no gather or mask; a layer's sliding window is honoured there too. On an AMD EPYC (Zen 5) it ran 2.4-3.4x faster than SDPA
 in bfloat16 and 2.2-3.0x in float32 (``bench/probe_prefill_attention.py``). Otherwise prefill
 chunks go one sequence at a time through SDPA, and a chunk with no cached context uses its
 fresh keys and skips the gather.
@@ -82,26 +82,39 @@ class TorchAttentionBackend(AttentionBackend):
         k_cache[:, blocks, offsets] = key.transpose(0, 1).to(k_cache.dtype)
         v_cache[:, blocks, offsets] = value.transpose(0, 1).to(v_cache.dtype)
 
-    def attend(self, query, key, value, k_cache, v_cache, meta: AttentionMetadata, scale: float):
+    def attend(self, query, key, value, k_cache, v_cache, meta: AttentionMetadata, scale: float,
+               window: int | None = None):
         out = torch.empty_like(query)
         nd = meta.num_decodes
         if meta.num_seqs > nd and self._prefill_in_kernel(query, k_cache):
             if nd:
-                self._decode(query[:nd], k_cache, v_cache, meta, scale, out[:nd])
-            self.prefill_kernel_fn(query, k_cache, v_cache, meta, scale, out)
+                self._decode(query[:nd], k_cache, v_cache, meta, scale, out[:nd], window)
+            self.prefill_kernel_fn(query, k_cache, v_cache, meta, scale, out, window)
             return out
         if nd:
-            self._decode(query[:nd], k_cache, v_cache, meta, scale, out[:nd])
+            self._decode(query[:nd], k_cache, v_cache, meta, scale, out[:nd], window)
         starts = meta.query_start_loc.tolist() if meta.num_seqs > nd else []
         for i in range(nd, meta.num_seqs):
             s, e = starts[i], starts[i + 1]
-            out[s:e] = self._prefill_one(query[s:e], key[s:e], value[s:e], k_cache, v_cache, meta, i, scale)
+            out[s:e] = self._prefill_one(query[s:e], key[s:e], value[s:e], k_cache, v_cache, meta, i, scale, window)
         return out
 
-    def _prefill_one(self, q, k_new, v_new, k_cache, v_cache, meta, i, scale):
+    def _prefill_one(self, q, k_new, v_new, k_cache, v_cache, meta, i, scale, window=None):
+        """One prompt chunk through SDPA. With a window, only the blocks that hold a key some
+        query of the chunk sees are gathered (from ``first``), and the mask is a band."""
         ctx = meta.context_lens_host[i]
         seq_len = meta.seq_lens_host[i]
-        if ctx == 0:
+        if window is not None and window < seq_len:
+            bs = meta.block_size
+            first = max(0, ctx - window + 1) // bs * bs  # the first position any query sees, block-aligned
+            blocks = meta.block_tables[i, first // bs : -(-seq_len // bs)]
+            h, d = k_cache.shape[0], k_cache.shape[3]
+            k = k_cache.index_select(1, blocks).view(h, -1, d)[:, : seq_len - first]
+            v = v_cache.index_select(1, blocks).view(h, -1, d)[:, : seq_len - first]
+            rows = torch.arange(ctx, seq_len, device=q.device)[:, None]
+            cols = torch.arange(first, seq_len, device=q.device)[None, :]
+            mask, causal = (cols <= rows) & (cols > rows - window), False
+        elif ctx == 0:
             k, v, mask, causal = k_new.transpose(0, 1), v_new.transpose(0, 1), None, True
         else:
             nb = -(-seq_len // meta.block_size)
@@ -134,15 +147,15 @@ class TorchAttentionBackend(AttentionBackend):
             return q.dtype
         return torch.float32
 
-    def _decode(self, q, k_cache, v_cache, meta, scale, out) -> None:
+    def _decode(self, q, k_cache, v_cache, meta, scale, out, window=None) -> None:
         nd = meta.num_decodes
         if self.kernel is not None and q.device.type == "cpu" and k_cache.dtype in self.kernel.KV_DTYPES:
             self.kernel(q, k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
-                        meta.seq_lens_host[:nd], scale, out=out)
+                        meta.seq_lens_host[:nd], scale, out=out, window=window)
             return
         lens = meta.seq_lens_host[:nd]
         for idx in self._buckets(lens):
-            self._decode_bucket(q, k_cache, v_cache, meta, scale, out, idx, max(lens[j] for j in idx))
+            self._decode_bucket(q, k_cache, v_cache, meta, scale, out, idx, max(lens[j] for j in idx), window)
 
     def _buckets(self, lens: list[int]) -> list[list[int]]:
         """Group decodes of similar length so padding to a bucket's longest wastes little."""
@@ -158,7 +171,7 @@ class TorchAttentionBackend(AttentionBackend):
             buckets.append([j])
         return buckets
 
-    def _decode_bucket(self, q, k_cache, v_cache, meta, scale, out, idx, max_len) -> None:
+    def _decode_bucket(self, q, k_cache, v_cache, meta, scale, out, idx, max_len, window=None) -> None:
         nb = -(-max_len // meta.block_size)
         n, h, d = len(idx), k_cache.shape[0], k_cache.shape[3]
         rows = torch.tensor(idx, device=q.device) if n < q.shape[0] else None
@@ -166,19 +179,20 @@ class TorchAttentionBackend(AttentionBackend):
         seq_lens = meta.seq_lens[:n] if rows is None else meta.seq_lens[rows]
         qb = (q if rows is None else q[rows]).view(n, h, -1, d).transpose(0, 1)  # [h, n, group, d]
         fn = _compiled_decode() if self.compile_decode else paged_decode_attention
-        o = fn(qb, k_cache, v_cache, tables, seq_lens, scale).transpose(0, 1).reshape(n, -1, d)
+        o = fn(qb, k_cache, v_cache, tables, seq_lens, scale, window or 0).transpose(0, 1).reshape(n, -1, d)
         if rows is None:
             out.copy_(o)
         else:
             out[rows] = o.to(out.dtype)
 
 
-def paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale):
+def paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale, window: int = 0):
     """One query token per sequence against its blocks, addressed through the block table.
 
     Written as indexing plus reductions so that ``torch.compile`` fuses the block lookup into
     the dot products and never materialises the gathered context (eager mode does gather).
-    ``q``: [kv_heads, n, group, head_dim]; returns the same shape.
+    ``q``: [kv_heads, n, group, head_dim]; returns the same shape. ``window`` > 0: only the
+    last ``window`` positions of each sequence are seen.
     """
     bs = k_cache.shape[2]
     positions = torch.arange(tables.shape[1] * bs, device=q.device)
@@ -188,6 +202,8 @@ def paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale):
     v = v_cache[:, blocks, offsets]
     scores = (q.unsqueeze(-2).float() * k.unsqueeze(2).float()).sum(-1) * scale  # [h, n, group, L]
     pad = positions[None, :] >= seq_lens[:, None]
+    if window > 0:
+        pad = pad | (positions[None, :] < seq_lens[:, None] - window)
     scores = scores.masked_fill(pad[None, :, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return (probs.unsqueeze(-1).to(v.dtype) * v.unsqueeze(2)).sum(-2).to(q.dtype)

@@ -97,7 +97,8 @@ class TritonAttentionBackend(AttentionBackend):
             NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, HEADS_PAD=triton.next_power_of_2(num_kv_heads),
         )
 
-    def attend(self, query, key, value, k_cache, v_cache, meta: AttentionMetadata, scale: float):
+    def attend(self, query, key, value, k_cache, v_cache, meta: AttentionMetadata, scale: float,
+               window: int | None = None):
         _check_pool(k_cache, v_cache, meta)
         num_heads, head_dim = query.shape[1], query.shape[2]
         num_kv_heads = k_cache.shape[2]
@@ -110,10 +111,11 @@ class TritonAttentionBackend(AttentionBackend):
         query = _dense_last(query)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         nd = meta.num_decodes
+        window = _NO_WINDOW if window is None else window
         if nd:
-            self._decode(query, k_cache, v_cache, meta, scale * _LOG2E, out)
+            self._decode(query, k_cache, v_cache, meta, scale * _LOG2E, out, window)
         if meta.num_seqs > nd:
-            self._extend(query, k_cache, v_cache, meta, scale * _LOG2E, out)
+            self._extend(query, k_cache, v_cache, meta, scale * _LOG2E, out, window)
         return out
 
     def _num_splits(self, num_decodes: int, num_kv_heads: int, max_len: int) -> int:
@@ -122,7 +124,7 @@ class TritonAttentionBackend(AttentionBackend):
         by_occupancy = -(-self.target_programs // (num_decodes * num_kv_heads))
         return max(1, min(by_length, by_occupancy, self.max_splits))
 
-    def _decode(self, query, k_cache, v_cache, meta: AttentionMetadata, qk_scale: float, out) -> None:
+    def _decode(self, query, k_cache, v_cache, meta: AttentionMetadata, qk_scale: float, out, window: int) -> None:
         nd = meta.num_decodes
         num_heads, head_dim = query.shape[1], query.shape[2]
         num_kv_heads = k_cache.shape[2]
@@ -140,7 +142,7 @@ class TritonAttentionBackend(AttentionBackend):
         kernel[(nd, num_kv_heads, splits)](
             query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
             out, part_acc, part_ml,
-            qk_scale, partition,
+            qk_scale, partition, window,
             query.stride(0), query.stride(1), out.stride(0), out.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
             GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
@@ -153,7 +155,7 @@ class TritonAttentionBackend(AttentionBackend):
                 NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=head_dim, num_warps=1,
             )
 
-    def _extend(self, query, k_cache, v_cache, meta: AttentionMetadata, qk_scale: float, out) -> None:
+    def _extend(self, query, k_cache, v_cache, meta: AttentionMetadata, qk_scale: float, out, window: int) -> None:
         nd = meta.num_decodes
         num_heads, head_dim = query.shape[1], query.shape[2]
         group = num_heads // k_cache.shape[2]
@@ -164,12 +166,15 @@ class TritonAttentionBackend(AttentionBackend):
         kernel = _on_device(K.extend_kernel, query.device)
         kernel[grid](
             query, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, meta.context_lens,
-            out, qk_scale, nd,
+            out, qk_scale, nd, window,
             query.stride(0), query.stride(1), out.stride(0), out.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
             GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size, BLOCK_M=block_m, BLOCK_N=block_n,
             DOT_DTYPE=_dot_dtype(kernel, query.dtype), num_warps=4,
         )
+
+
+_NO_WINDOW = 1 << 30  # the kernels' window when a layer has none: longer than any context
 
 
 def _dense_last(x: torch.Tensor) -> torch.Tensor:

@@ -46,7 +46,7 @@ def write_kv_kernel(
 def decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, part_acc_ptr, part_ml_ptr,
-    qk_scale, partition_size,
+    qk_scale, partition_size, window,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -56,7 +56,8 @@ def decode_kernel(
     partition of the context, so each KV tile is loaded once per group.
 
     With NUM_SPLITS == 1 the program normalises and writes the output; otherwise it writes its
-    unnormalised accumulator plus running max/sum for ``reduce_splits_kernel``.
+    unnormalised accumulator plus running max/sum for ``reduce_splits_kernel``. Only the last
+    ``window`` positions are read (a sliding window; the host passes a huge one for none).
     """
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -72,8 +73,9 @@ def decode_kernel(
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    start = split * partition_size
-    end = tl.minimum(start + partition_size, seq_len)
+    lo = tl.maximum(seq_len - window, 0)
+    end = tl.minimum(split * partition_size + partition_size, seq_len)
+    start = tl.maximum(split * partition_size, lo)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
@@ -136,7 +138,7 @@ def reduce_splits_kernel(
 @triton.jit
 def extend_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr, context_lens_ptr,
-    out_ptr, qk_scale, first_seq,
+    out_ptr, qk_scale, first_seq, window,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
@@ -145,7 +147,8 @@ def extend_kernel(
     """Grid (sequence, query tile, head): causal attention of up to BLOCK_M new tokens over the
     sequence's whole KV (cached context and this step's tokens, all read from the pool).
 
-    Query row j sits at absolute position context_len + j and sees keys 0..context_len + j.
+    Query row j sits at absolute position context_len + j and sees keys 0..context_len + j, or
+    with a sliding window only the last ``window`` of them (the host passes a huge one for none).
     """
     seq = first_seq + tl.program_id(0)
     tile = tl.program_id(1)
@@ -161,7 +164,7 @@ def extend_kernel(
 
     rows = m0 + tl.arange(0, BLOCK_M)
     row_mask = rows < q_len
-    q_pos = ctx + rows
+    q_pos = ctx + tl.minimum(rows, q_len - 1)  # padding rows act as the last real one: never all masked
     d = tl.arange(0, HEAD_DIM)
     tok = (q_start + rows).to(tl.int64)
     q_ptrs = q_ptr + tok[:, None] * stride_qt + h * stride_qh + d[None, :]
@@ -173,7 +176,8 @@ def extend_kernel(
     # The last real row of this tile sees keys up to ctx + min(m0 + BLOCK_M, q_len) - 1.
     kv_end = tl.minimum(ctx + m0 + BLOCK_M, seq_len)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for n0 in range(0, kv_end, BLOCK_N):
+    # The tile's first row sees keys from ctx + m0 - window + 1: nothing before is read.
+    for n0 in range(tl.maximum(ctx + m0 - window + 1, 0), kv_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         valid = pos < kv_end
         block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
@@ -181,8 +185,9 @@ def extend_kernel(
         k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
         v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
-        # Key 0 is visible to every row (padding rows included), so no row's max stays -inf.
-        s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+        # Every row sees its own key, so no row's max stays -inf.
+        seen = (pos[None, :] <= q_pos[:, None]) & (pos[None, :] > q_pos[:, None] - window)
+        s = tl.where(valid[None, :] & seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
