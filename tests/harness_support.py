@@ -109,14 +109,14 @@ metadata:
 
 
 def evaluate(model: Any, include_path: str, model_args: dict[str, Any] | None = None,
-             tasks: tuple[str, ...] = TASKS, **kwargs: Any) -> dict[str, Any]:
+             tasks: tuple[str, ...] = TASKS, batch_size: int = 1, **kwargs: Any) -> dict[str, Any]:
     """``simple_evaluate`` with samples logged, on the given tasks only."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     return lm_eval.simple_evaluate(
-        model=model, model_args=model_args, tasks=list(tasks), task_manager=TaskManager(include_path=include_path),
-        log_samples=True, batch_size=1, device="cpu", random_seed=0, numpy_random_seed=0, torch_random_seed=0,
+        model=model, model_args=model_args, tasks=list(tasks), task_manager=TaskManager(include_path=include_path, include_defaults=False),
+        log_samples=True, batch_size=batch_size, device="cpu", random_seed=0, numpy_random_seed=0, torch_random_seed=0,
         fewshot_random_seed=0, **kwargs)
 
 
