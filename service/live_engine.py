@@ -53,6 +53,7 @@ class LiveEngine:
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._tokenizer: Any = None
+        self.engine: LLMEngine | None = None  # set on the engine thread once built (stats for the curious)
 
     @property
     def tokenizer(self) -> Any:
@@ -97,6 +98,7 @@ class LiveEngine:
             for call in calls:
                 call.future.set_exception(exc)
             return
+        self.engine = engine
         live: dict[str, _Call] = {}
         while True:
             with self._cond:

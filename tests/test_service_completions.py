@@ -91,7 +91,7 @@ def test_chat_completion_matches_hf_greedy(client, tokenizer, tiny_model_dir):
     assert out.usage.prompt_tokens == len(ids)
 
 
-def test_concurrent_requests_share_the_engine(client):
+def test_concurrent_requests_get_what_they_get_alone(client):
     def ask(i: int) -> list[str]:
         out = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[i % 2], max_tokens=8, temperature=0.8,
                                         seed=i, n=2)
