@@ -147,7 +147,7 @@ class TokenmillLM(TemplateLM):
         for _, context, continuation in requests:
             whole = (context + continuation)[-limit:]
             prompts.append(whole)
-            starts.append(len(whole) - len(continuation))
+            starts.append(max(1, len(whole) - len(continuation)))  # a continuation longer than the window: all of it
         params = [SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, prompt_logprobs_start=s)
                   for s in starts]
         outs, stats = run_prompts(self.llm, prompts, params, "loglikelihood", self.progress and not disable_tqdm)

@@ -113,3 +113,30 @@ def test_lm_eval_command_runs_the_tokenmill_model(tiny_model_dir, include_path, 
     assert done.value.code in (0, None)
     assert "|tm_gen|" in capsys.readouterr().out.replace(" ", "")
     assert list((tmp_path / "out").rglob("results_*.json"))
+
+
+def test_chat_template_and_generation_settings_on_a_small_model(tiny_model_dir, include_path):
+    """--apply_chat_template renders the chat as the hf model does and greedy generations agree;
+    seeded sampling repeats; more `until` strings than the engine takes still cut the text;
+    a setting the engine cannot honour is refused by name."""
+    from lm_eval.api.instance import Instance
+
+    lm = TokenmillLM(model=str(tiny_model_dir), max_num_seqs=8, num_kv_blocks=256, num_threads=1, progress=False)
+    ours = evaluate(lm, include_path, tasks=("tm_gen",), apply_chat_template=True)
+    theirs = evaluate("hf", include_path, {"pretrained": str(tiny_model_dir), "dtype": "float32"}, tasks=("tm_gen",),
+                      apply_chat_template=True)
+    assert responses(ours, "tm_gen") == responses(theirs, "tm_gen")
+    assert ours["samples"]["tm_gen"][0]["arguments"][0][0].startswith("<|im_start|>")
+
+    def ask(**kwargs):
+        return Instance("generate_until", {}, ("Once upon a time", kwargs), 0)
+
+    sampled = [ask(do_sample=True, temperature=1.0, max_gen_toks=12, until=["zzz"], seed=7)] * 2
+    first, second = lm.generate_until(sampled)
+    assert first == second
+    greedy = lm.generate_until([ask(max_gen_toks=12, until=["zzz"])])[0]
+    many = ["q1", "q2", "q3", "q4", greedy[4:6]]  # the fifth string is the one that occurs
+    cut = lm.generate_until([ask(max_gen_toks=12, until=many)])[0]
+    assert cut == greedy[: greedy.index(greedy[4:6])]
+    with pytest.raises(ValueError, match="num_beams"):
+        lm.generate_until([ask(num_beams=4)])
