@@ -8,6 +8,7 @@
     tokenmill beat --jobs DIR [--broker]    enqueue specs with a ``schedule`` when due
     tokenmill serve --storage URL [--broker] the OpenAI-compatible Batches API, job routes, dashboard
     tokenmill bench                         the engine benchmark
+    tokenmill lm-eval ARGS                  lm-evaluation-harness with the ``tokenmill`` model
 
 A broker given with ``--broker`` is exported as $TOKENMILL_BROKER_URL before anything
 imports the Celery app, which reads it once. Spec problems exit with status 2 and one
@@ -135,6 +136,15 @@ def cancel(job_id: Annotated[str, typer.Argument(metavar="JOB_ID")], broker: Bro
 
 
 register_process_commands(app)
+
+
+@app.command("lm-eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             add_help_option=False)
+def lm_eval(ctx: typer.Context) -> None:
+    """lm-evaluation-harness's ``lm_eval`` with ``--model tokenmill`` available (the ``eval`` extra)."""
+    from harness.cli import run_lm_eval
+
+    run_lm_eval(list(ctx.args))
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -16,8 +16,10 @@ from service import metrics
 from service.batches import BatchAdvancer
 from service.errors import install_handlers
 from service.guard import RequestGuard
+from service.live_engine import LiveEngine, engine_settings
 from service.records import Store
 from service.routes_batches import router as batches_router
+from service.routes_completions import router as completions_router
 from service.routes_files import router as files_router
 from service.routes_jobs import router as jobs_router
 from service.runners import EmbeddedRunner, FleetRunner, Runner
@@ -47,11 +49,13 @@ def create_app(settings: ServiceSettings, runner: Runner | None = None) -> FastA
     app = FastAPI(title="tokenmill", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings, app.state.store, app.state.runner = settings, store, runner
     app.state.spec_policy = settings.spec_policy()
+    app.state.live_engine = LiveEngine(engine_settings(settings.model, settings.engine_options))
     install_handlers(app)
     metrics.install(store)
     app.include_router(files_router)
     app.include_router(batches_router)
     app.include_router(jobs_router)
+    app.include_router(completions_router)
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
 
     app.add_middleware(RequestGuard, settings=settings)  # the key and the body limit, before any body

@@ -1,0 +1,27 @@
+"""``tokenmill lm-eval ARGS``: the harness's own command line with the ``tokenmill`` model registered.
+
+lm-eval finds external models through the ``lm_eval.models`` entry-point group (our
+pyproject declares ``tokenmill`` there), but only from the release after 0.4.13; 0.4.13's
+``lm_eval`` knows only the models of its own tree. This command imports the model first, so
+``tokenmill lm-eval --model tokenmill ...`` takes exactly ``lm_eval``'s arguments with any
+harness release.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def run_lm_eval(args: list[str]) -> None:
+    try:
+        from lm_eval.__main__ import cli_evaluate
+    except ImportError:
+        raise SystemExit("lm-eval is not installed: pip install 'tokenmill[eval]'") from None
+    import harness.model  # noqa: F401  (registers the model)
+
+    saved = sys.argv
+    sys.argv = ["lm_eval", *args]
+    try:
+        cli_evaluate()
+    finally:
+        sys.argv = saved

@@ -1,0 +1,242 @@
+"""OpenAI ``/v1/completions`` and ``/v1/chat/completions`` bodies: what a request asks of the
+engine, and the answer in the shape the ``openai`` client and lm-evaluation-harness read.
+
+A completions ``prompt`` is a string, a list of strings, a list of token ids or a list of such
+lists; each prompt gets ``n`` choices, numbered prompt by prompt. ``echo`` puts the prompt in
+front of the text and, with ``logprobs``, the prompt tokens' logprobs in front of the generated
+ones (the first token has none). ``max_tokens: 0`` with ``echo`` scores the prompt and
+generates nothing (the engine samples one token, which is dropped). Every value is checked
+where the engine checks it (``SamplingParams``: n, stop strings, logprobs bounds), so an HTTP
+request is held to the same limits as a batch line.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from engine import RequestOutput, SamplingParams
+from engine.chat import chat_token_ids
+from pipeline.openai_output import logprobs_content
+from service.errors import APIError, bad_request
+
+MAX_PROMPTS = 2048  # prompts in one request, as OpenAI's
+COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "user", "stream",
+          "presence_penalty", "frequency_penalty", "logit_bias"}
+COMPLETION_FIELDS = COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
+CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", "response_format"}
+
+
+@dataclass
+class EngineAsk:
+    """The engine's prompts and settings for one HTTP request, and how to answer it."""
+
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+    n: int
+    echo: bool = False
+    logprobs: int | None = None  # completions: top alternatives per token; chat: top_logprobs
+    keep_output: bool = True  # False for max_tokens 0: the sampled token is not part of the answer
+    prompt_texts: list[str] | None = None
+
+
+def _check_fields(body: dict[str, Any], allowed: set[str]) -> None:
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise bad_request(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0], "unknown_parameter")
+    if body.get("stream"):
+        raise bad_request("stream is not supported by this server; send stream: false", "stream", "unsupported_value")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if body.get(name):
+            raise bad_request(f"{name} is not supported by this server (only 0)", name, "unsupported_value")
+    if body.get("logit_bias"):
+        raise bad_request("logit_bias is not supported by this server", "logit_bias", "unsupported_value")
+
+
+def check_model(body: dict[str, Any], served: str) -> None:
+    model = body.get("model")
+    if model is not None and model != served:
+        raise APIError(404, f"The model '{model}' does not exist; this server serves '{served}'.", param="model",
+                       code="model_not_found")
+
+
+def _int(body: dict[str, Any], name: str, default: int | None, low: int) -> int | None:
+    value = body.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise bad_request(f"{name} must be an integer >= {low}, got {value!r}", name, "invalid_value")
+    return value
+
+
+def _sampling(body: dict[str, Any], max_tokens: int, **extra: Any) -> SamplingParams:
+    values: dict[str, Any] = {"max_tokens": max_tokens, "n": _int(body, "n", 1, 1), **extra}
+    for name in ("temperature", "top_p", "top_k", "seed", "stop"):
+        if body.get(name) is not None:
+            values[name] = body[name]
+    try:
+        return SamplingParams(**values)
+    except (TypeError, ValueError) as exc:
+        message = str(exc)
+        param = next((k for k in values if message.startswith(k)), None) or next(
+            (k for k in values if re.search(rf"\b{k}\b", message)), None)
+        raise bad_request(message, param, "invalid_value") from None
+
+
+def _prompts(prompt: Any, tokenizer: Any) -> tuple[list[list[int]], list[str]]:
+    """Token ids and texts of a completions ``prompt`` in any of its four forms."""
+    def is_ids(value: Any) -> bool:
+        return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                               for t in value)
+
+    if isinstance(prompt, str):
+        items: list[Any] = [prompt]
+    elif is_ids(prompt):
+        items = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or is_ids(p) for p in prompt):
+        items = prompt
+    else:
+        raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of token-id "
+                          "lists (none empty)", "prompt", "invalid_value")
+    if len(items) > MAX_PROMPTS:
+        raise bad_request(f"at most {MAX_PROMPTS} prompts per request, got {len(items)}", "prompt", "invalid_value")
+    ids, texts = [], []
+    for item in items:
+        if isinstance(item, str):
+            if not item:
+                raise bad_request("prompt strings must not be empty", "prompt", "invalid_value")
+            ids.append(tokenizer(item)["input_ids"])  # with the tokenizer's special tokens, as completions do
+            texts.append(item)
+        else:
+            ids.append(list(item))
+            texts.append(tokenizer.decode(item))
+    return ids, texts
+
+
+def completion_ask(body: dict[str, Any], tokenizer: Any) -> EngineAsk:
+    _check_fields(body, COMPLETION_FIELDS)
+    if "prompt" not in body:
+        raise bad_request("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter")
+    if body.get("suffix"):
+        raise bad_request("suffix is not supported by this server", "suffix", "unsupported_value")
+    n = _int(body, "n", 1, 1)
+    if _int(body, "best_of", n, 1) != n:
+        raise bad_request("best_of must equal n on this server", "best_of", "unsupported_value")
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise bad_request(f"echo must be a boolean, got {echo!r}", "echo", "invalid_value")
+    max_tokens = _int(body, "max_tokens", 16, 0)
+    logprobs = _int(body, "logprobs", None, 0)
+    if max_tokens == 0 and not echo:
+        raise bad_request("max_tokens 0 needs echo: true (there is nothing else to return)", "max_tokens",
+                          "invalid_value")
+    extra: dict[str, Any] = {}
+    if logprobs is not None:
+        extra["logprobs"] = logprobs
+        if echo:
+            extra["prompt_logprobs"] = logprobs
+    params = _sampling(body, max(1, max_tokens), **extra)
+    ids, texts = _prompts(body["prompt"], tokenizer)
+    return EngineAsk(ids, [params] * len(ids), n, echo, logprobs, max_tokens > 0, texts)
+
+
+def chat_ask(body: dict[str, Any], tokenizer: Any, default_max_tokens: int) -> EngineAsk:
+    _check_fields(body, CHAT_FIELDS)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        raise bad_request("messages must be a non-empty list of {role, content} objects with text content",
+                          "messages", "invalid_value")
+    if body.get("response_format") not in (None, {"type": "text"}):
+        raise bad_request("response_format is supported in batches (/v1/batches), not here", "response_format",
+                          "unsupported_value")
+    max_tokens = _int(body, "max_completion_tokens", None, 1) or _int(body, "max_tokens", default_max_tokens, 1)
+    top = _int(body, "top_logprobs", None, 0)
+    wants = body.get("logprobs", False)
+    if not isinstance(wants, bool):
+        raise bad_request(f"logprobs must be a boolean, got {wants!r}", "logprobs", "invalid_value")
+    extra = {"logprobs": top or 0} if wants else {}
+    params = _sampling(body, max_tokens, **extra)
+    try:
+        ids = chat_token_ids(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
+    except Exception as exc:  # a template that refuses the conversation (e.g. roles out of order)
+        raise bad_request(f"messages: the model's chat template cannot render them: {exc}", "messages",
+                          "invalid_value") from None
+    return EngineAsk([ids], [params], params.n, logprobs=(top or 0) if wants else None)
+
+
+def _legacy_logprobs(out: RequestOutput, sample: int, ask: EngineAsk, prompt_text: str, tokenizer: Any
+                     ) -> dict[str, Any]:
+    """``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset`` over the echoed prompt
+    (if any) and the generated tokens; offsets count characters from the start of ``text``."""
+    top_n = ask.logprobs or 0
+    tokens, values, tops, offsets = [], [], [], []
+    position = 0
+
+    def add(token_id: int, entry: dict | None, text: str) -> None:
+        nonlocal position
+        tokens.append(text)
+        offsets.append(position)
+        position += len(text)
+        if entry is None:
+            values.append(None)
+            tops.append(None)
+            return
+        values.append(entry[token_id].logprob)
+        best = sorted(entry.items(), key=lambda kv: kv[1].rank or 0)
+        tops.append({(lp.decoded_token or ""): lp.logprob for tid, lp in best
+                     if tid == token_id or (lp.rank or 0) <= top_n})
+
+    if ask.echo:
+        entries = out.prompt_logprobs or [None] * len(out.prompt_token_ids)
+        for i, token_id in enumerate(out.prompt_token_ids):
+            entry = entries[i]
+            text = entry[token_id].decoded_token if entry is not None else None
+            add(token_id, entry, text if text is not None else tokenizer.decode([token_id]))
+        position = len(prompt_text)  # the generated text follows the prompt as echoed
+    completion = out.outputs[sample]
+    if ask.keep_output:
+        for token_id, entry in zip(completion.token_ids, completion.logprobs or [], strict=False):
+            add(token_id, entry, entry[token_id].decoded_token or "")
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def completion_body(ask: EngineAsk, outs: list[RequestOutput], model: str, tokenizer: Any) -> dict[str, Any]:
+    choices, prompt_tokens, generated = [], 0, 0
+    for p, out in enumerate(outs):
+        prompt_tokens += len(out.prompt_token_ids)
+        for s, completion in enumerate(out.outputs):
+            text = completion.text if ask.keep_output else ""
+            generated += len(completion.token_ids) if ask.keep_output else 0
+            prompt_text = ask.prompt_texts[p] if ask.prompt_texts else ""
+            choices.append({
+                "index": p * ask.n + s,
+                "text": prompt_text + text if ask.echo else text,
+                "logprobs": None if ask.logprobs is None else _legacy_logprobs(out, s, ask, prompt_text, tokenizer),
+                "finish_reason": (completion.finish_reason or "stop") if ask.keep_output else "length",
+            })
+    return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
+            "model": model, "choices": choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
+                      "total_tokens": prompt_tokens + generated}}
+
+
+def chat_body(ask: EngineAsk, out: RequestOutput, model: str, tokenizer: Any) -> dict[str, Any]:
+    choices, generated = [], 0
+    for completion in out.outputs:
+        generated += len(completion.token_ids)
+        logprobs = None
+        if ask.logprobs is not None:
+            logprobs = {"content": logprobs_content(completion.token_ids, completion.logprobs or [], ask.logprobs,
+                                                    tokenizer), "refusal": None}
+        choices.append({"index": completion.index, "message": {"role": "assistant", "content": completion.text},
+                        "logprobs": logprobs, "finish_reason": completion.finish_reason or "stop"})
+    prompt_tokens = len(out.prompt_token_ids)
+    return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
+                      "total_tokens": prompt_tokens + generated}}

@@ -1,0 +1,25 @@
+"""The completions routes' engine thread: prompts of concurrent calls run in the same steps, and
+a prompt the engine refuses fails its own call only."""
+
+from __future__ import annotations
+
+import pytest
+from pipeline_support import tiny_engine
+
+from engine import RequestError, SamplingParams
+from service.live_engine import LiveEngine, engine_settings
+
+
+def test_calls_share_steps_and_fail_alone(tiny_model_dir):
+    live = LiveEngine(engine_settings(str(tiny_model_dir), tiny_engine(tiny_model_dir)))
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    first = live.submit([[10, 11, 12], [13, 14]], [params] * 2)
+    bad = live.submit([[20, 21], [49152]], [params] * 2)
+    second = live.submit([[30, 31, 32, 33]], [params])
+    assert [len(o.token_ids) for o in first.result(timeout=120)] == [6, 6]
+    assert len(second.result(timeout=120)[0].token_ids) == 6
+    with pytest.raises(RequestError, match="outside the vocabulary"):
+        bad.result(timeout=120)
+    stats = live.engine.stats()
+    assert stats["peak_running_seqs"] == 3  # both good calls' prompts in the same steps
+    assert not live.engine.has_unfinished()  # the refused call's first prompt was withdrawn
