@@ -67,9 +67,23 @@ class SimulatedDevice:
         self.busy_until = start + self.seconds
         self.busy_total += self.seconds
 
-    def synchronize(self) -> None:
-        while time.perf_counter() < self.busy_until:
+    def synchronize(self, until: float | None = None) -> None:
+        end = self.busy_until if until is None else until
+        while time.perf_counter() < end:
             pass
+
+    def record_event(self) -> Marker:
+        return Marker(self, self.busy_until)
+
+
+class Marker:
+    """What a CUDA event is to a stream: the end of the work queued when it was recorded."""
+
+    def __init__(self, device: SimulatedDevice, at: float) -> None:
+        self.device, self.at = device, at
+
+    def synchronize(self) -> None:
+        self.device.synchronize(self.at)
 
 
 class StubModel(torch.nn.Module):
@@ -132,8 +146,8 @@ def make_engine(model_dir: Path, size: int, device_ms: float, async_mode: str | 
     engine = LLMEngine(EngineConfig(**kwargs))
     sim = SimulatedDevice(device_ms) if device_ms > 0 else None
     engine.runner.model = StubModel(engine.runner.model, sim)
-    if sim is not None and hasattr(engine.runner, "device_sync"):
-        engine.runner.device_sync = sim.synchronize  # the runner waits here for a step's tokens
+    if sim is not None and hasattr(engine.runner, "record_event"):
+        engine.runner.record_event = sim.record_event  # a step's tokens are ready when its work is done
     elif sim is not None:
         engine.runner.model.sync_in_forward = True  # an engine that reads tokens right after the forward
     return engine, sim

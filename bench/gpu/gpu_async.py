@@ -220,6 +220,42 @@ def seeded_check(model_dir: Path, prompts, settings: dict) -> dict:
             "distinct_first_tokens": len({t[0] for t in got[True]})}
 
 
+def greedy_equal(model_dir: Path, prompts, budgets, settings: dict) -> dict:
+    """float32 greedy tokens, async vs sync on one engine: a bfloat16 model's logits move with the
+    batch's shape, float32 ones almost never enough to flip an argmax."""
+    llm = LLM(str(model_dir), **(settings | {"dtype": "float32"}))
+    vocab = llm.engine.runner.model.config.vocab_size
+    params = [SamplingParams(max_tokens=b, temperature=0, ignore_eos=True) for b in budgets]
+    got, walls = {}, {}
+    for mode in (False, True):
+        llm.engine.async_scheduling = mode
+        llm.engine.block_manager.reset_prefix_cache()
+        t = time.perf_counter()
+        got[mode] = [o.token_ids for o in llm.generate(shifted(prompts, 5, vocab), params)]
+        walls[mode] = time.perf_counter() - t
+    del llm
+    free()
+    return {"prompts": len(prompts), "identical": sum(a == b for a, b in zip(got[False], got[True], strict=True)),
+            "wall_s_sync": round(walls[False], 3), "wall_s_async": round(walls[True], 3)}
+
+
+def logprobs_on_device(model_dir: Path, prompts, settings: dict) -> dict:
+    """Logprobs and prompt logprobs computed on the GPU: greedy tokens rank 1, every position filled."""
+    llm = LLM(str(model_dir), **settings)
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    wall = time.perf_counter() - t
+    ranks = [e[tok].rank for o in outs for tok, e in zip(o.token_ids, o.outputs[0].logprobs, strict=True)]
+    prompt_ok = sum(len(o.prompt_logprobs) == len(p) and o.prompt_logprobs[0] is None
+                    and all(e is not None and 1 <= len(e) <= 3 for e in o.prompt_logprobs[1:])
+                    for o, p in zip(outs, prompts, strict=True))
+    del llm
+    free()
+    return {"requests": len(prompts), "errors": sum(o.error is not None for o in outs), "wall_s": round(wall, 3),
+            "sampled_tokens": len(ranks), "rank_1": sum(r == 1 for r in ranks), "prompt_logprobs_complete": prompt_ok}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -240,8 +276,6 @@ def main() -> None:
     for n in args.requests:
         prompts, budgets = wl["prompts"][:n], wl["max_tokens"][:n]
         for name, settings in (("tuned", tuned), ("defaults", base)):
-            if name == "defaults" and n != args.requests[-1]:
-                continue
             res = rec.run(f"{name}/{n}", lambda s=settings, p=prompts, b=budgets: run_setting(model_dir, p, b, s, args.pairs, ceil))
             if res and name == "tuned" and n == args.requests[0]:
                 ref = res.pop("_tokens_pair0")
@@ -249,6 +283,9 @@ def main() -> None:
             elif res:
                 res.pop("_tokens_pair0", None)
             free()  # a failed section leaves its engine to the collector
+    n = args.requests[0]
+    rec.run(f"float32-greedy-async-vs-sync/{n}", lambda: greedy_equal(model_dir, wl["prompts"][:n], wl["max_tokens"][:n], tuned))
+    rec.run("logprobs-on-device", lambda: logprobs_on_device(model_dir, wl["prompts"][:64], tuned))
     # float32: a bfloat16 model's logits move with the batch's shape, and so would any sample
     rec.run("seeded-device-sampler", lambda: seeded_check(model_dir, wl["prompts"][:64], tuned | {"dtype": "float32"}))
     rec.path.write_text(json.dumps(rec.data, indent=1, default=str))
