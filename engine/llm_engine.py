@@ -77,9 +77,11 @@ class LLMEngine:
 
     # ---- requests -------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
+        """A text prompt's ids as HF and vLLM tokenize one: with the tokenizer's special tokens
+        (Gemma's <bos>, without which it degenerates; SmolLM2 adds none)."""
         if self.tokenizer is None:
             raise RequestError(None, f"model at {self.model_dir} has no tokenizer: pass token ids")
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(text, add_special_tokens=True)
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of a chat rendered with the model's template, ready for generation."""

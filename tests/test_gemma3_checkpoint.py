@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from engine_cases import DOCUMENTS, check, hf_greedy
+from transformers import AutoTokenizer
 
 from engine import LLM
 from engine.model_registry import GEMMA3_270M
@@ -43,3 +44,5 @@ def test_gemma3_270m_matches_hf(gemma_case):
     prompts, refs = gemma_case
     llm = LLM(GEMMA3_270M, num_kv_blocks=512, max_num_seqs=8, max_num_batched_tokens=200)
     check(llm, prompts, refs, "prefix-caching-on", MAX_TOKENS)
+    assert llm.engine.encode("Summary:") == AutoTokenizer.from_pretrained(llm.engine.model_dir).encode("Summary:")
+    assert llm.engine.encode("Summary:")[0] == 2  # a text prompt gets Gemma's <bos>, as in HF and vLLM
