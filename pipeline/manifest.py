@@ -22,8 +22,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from connectors import part_name, public_url
+from pipeline.job_status import JobStatus
 from pipeline.plan import JobPlan
-from pipeline.shard_outcome import TERMINAL_STATES, ShardOutcome, ShardState
+from pipeline.shard_outcome import FINAL_SHARD_STATES, ShardOutcome, ShardState, entry_has_part
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +42,14 @@ def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def final_status(outcomes: list[ShardOutcome], cancelled: bool = False) -> str:
+def final_status(outcomes: list[ShardOutcome], cancelled: bool = False) -> JobStatus:
     """The job's status from its shards' outcomes (see the module docstring)."""
     states = {o.state for o in outcomes}
     if cancelled or ShardState.CANCELLED in states:
-        return "cancelled"
+        return JobStatus.CANCELLED
     if ShardState.FAILED in states:
-        return "completed_with_errors"
-    return "succeeded"
+        return JobStatus.COMPLETED_WITH_ERRORS
+    return JobStatus.SUCCEEDED
 
 
 def engine_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -97,7 +98,7 @@ def build_manifest(
 
     outcomes = sorted(outcomes, key=lambda o: o.index)
     shards = [_shard_entry(o) for o in outcomes]
-    count = {s.value: sum(o.state == s for o in outcomes) for s in TERMINAL_STATES}
+    count = {s.value: sum(o.state == s for o in outcomes) for s in FINAL_SHARD_STATES}
     counts = [o.counts.to_dict() for o in outcomes]
     totals = {
         "shards": len(outcomes),
@@ -122,7 +123,7 @@ def build_manifest(
         "job_id": plan.job_id,
         "name": plan.name,
         "kind": plan.kind,
-        "status": state,
+        "status": state.value,
         "mode": mode,
         "input_url": public_url(plan.input_url),
         "output_url": public_url(plan.output_url),
@@ -140,11 +141,11 @@ def build_manifest(
         "started_at": started_at,
         "finished_at": utc_now(),
         "shards": shards,
-        "parts": [s["part"] for s in shards if s["status"] in ("done", "skipped") and s["part"]],
+        "parts": [s["part"] for s in shards if entry_has_part(s)],
         "totals": totals,
         "engine_stats": stats,
         "summary": summary,
         "openai_output": plan.openai_output,
-        "success_marker": state == "succeeded",
+        "success_marker": state == JobStatus.SUCCEEDED,
         "plan": plan.plan_digest(),  # whose parts these are: status of another spec ignores this manifest
     }

@@ -28,7 +28,14 @@ class ShardState(StrEnum):
     RETRYING = "retrying"  # failed transiently and its task runs again: not final
 
 
-TERMINAL_STATES = (ShardState.DONE, ShardState.SKIPPED, ShardState.FAILED, ShardState.CANCELLED)
+FINAL_SHARD_STATES = (ShardState.DONE, ShardState.SKIPPED, ShardState.FAILED, ShardState.CANCELLED)
+# The states whose shard has its part in the output (the manifest's ``parts``).
+PART_STATES = (ShardState.DONE, ShardState.SKIPPED)
+
+
+def entry_has_part(entry: dict[str, Any]) -> bool:
+    """Whether a manifest shard entry (a result dict) names a part that is in the output."""
+    return entry.get("status") in PART_STATES and bool(entry.get("part"))
 
 
 @dataclass
@@ -82,6 +89,11 @@ class ShardOutcome:
     rows_reused: int = 0
     rows_shared: int = 0
 
+    @property
+    def has_part(self) -> bool:
+        """Its part is in the output: written now or already current."""
+        return self.state in PART_STATES and bool(self.part)
+
     # ---- the Celery result / manifest form ---------------------------------------------------
     def to_result_dict(self) -> dict[str, Any]:
         c = self.counts
@@ -117,7 +129,7 @@ class ShardOutcome:
     @staticmethod
     def is_final_state(data: dict[str, Any]) -> bool:
         """Whether a reported live state is a shard's end (``retrying`` is not)."""
-        return data.get("state") in TERMINAL_STATES
+        return data.get("state") in FINAL_SHARD_STATES
 
     def __post_init__(self) -> None:
         if self.reason:  # the reason goes to Redis, the manifest and status: no credential in it

@@ -36,8 +36,9 @@ from pipeline_support import (
 )
 
 from connectors import list_shards, read_manifest, read_parts, success_marker_exists
-from pipeline.fleet import FINAL_STATES, cancel_job, job_status, submit_job, wait_for_job
+from pipeline.fleet import cancel_job, job_status, submit_job, wait_for_job
 from pipeline.job_state import JobStateStore
+from pipeline.job_status import FINAL_JOB_STATUSES
 
 REPO = Path(__file__).resolve().parent.parent
 REDIS_BROKER = "redis://127.0.0.1:6379/0"
@@ -268,7 +269,7 @@ def test_end_to_end_redis_s3_two_workers(redis_fleet, s3_server, s3_bucket, tiny
     s3.delete_object(Bucket=s3_bucket, Key="in/zz-missing.jsonl")  # listed, then gone: an unreadable shard
     seen = set()
     deadline = time.monotonic() + JOB_TIMEOUT
-    while (status := job_status(job_id))["status"] not in FINAL_STATES:
+    while (status := job_status(job_id))["status"] not in FINAL_JOB_STATUSES:
         seen.add(status["status"])
         assert time.monotonic() < deadline, f"job stuck: {status}\n{redis_fleet.logs()}"
         time.sleep(0.3)
