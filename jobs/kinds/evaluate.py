@@ -15,7 +15,7 @@ from jobs.kinds.base import few_shot_turns, reject_prompt_field, user_template
 from jobs.mc_scoring import LL_COLUMNS
 from jobs.scoring import EXTRA_COLUMNS, SAMPLE_COLUMNS
 from jobs.sections import EvaluateSection
-from pipeline.plan import PromptPlan
+from pipeline.plan import PromptPlan, RequestMode
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
@@ -76,7 +76,7 @@ def plan_fields(spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
         if evaluate.target_delimiter is not None:
             mode_options["target_delimiter"] = evaluate.target_delimiter
         return {
-            **fields, "request_mode": "loglikelihood", "mode_options": mode_options,
+            **fields, "request_mode": RequestMode.LOGLIKELIHOOD, "mode_options": mode_options,
             "row_hook": "jobs.mc_scoring:score_ll_row", "summary_hook": "jobs.mc_scoring:summarize_ll",
             "hook_options": {**options, "choices_field": evaluate.choices_field,
                              "bootstrap_iters": evaluate.bootstrap_iters},

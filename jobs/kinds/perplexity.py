@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.plan import PromptPlan
+from pipeline.plan import PromptPlan, RequestMode
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
@@ -36,7 +36,7 @@ def check(spec: JobSpec) -> None:
 def plan_fields(spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
     return {
         "prompt": PromptPlan(prompt_field=spec.input.text_field),  # rendered but unused: the text is scored raw
-        "request_mode": "perplexity",
+        "request_mode": RequestMode.PERPLEXITY,
         "extra_columns": dict(COLUMNS),
         "summary_hook": "jobs.kinds.perplexity:summarize",
     }
