@@ -212,12 +212,11 @@ class ShardDriver:
 
     def _admit_row(self, shard: OpenShard, row: PreparedRow) -> None:
         """Into the engine, unless the row takes an earlier result or is an error row."""
-        subs = self.preparation.requests(row)
-        error = subs if isinstance(subs, str) else self.sharing.admit(shard, row, subs)
+        requests = self.preparation.requests(row)
+        error = requests.error if requests.error is not None else self.sharing.admit(shard, row, requests.subs)
         if error is not None:
-            tokens = 0 if isinstance(subs, str) else sum(len(s.token_ids) for s in subs)
-            self._complete(shard, row, self.results.build(row.record, error=error, prompt_tokens=tokens,
-                                                          content_key=row.key))
+            self._complete(shard, row, self.results.build(row.record, error=error,
+                                                          prompt_tokens=requests.prompt_tokens, content_key=row.key))
 
     def _fail_shard(self, shard: OpenShard, reason: str, transient: bool) -> None:
         shard.sink.abandon(reason, transient=transient)
