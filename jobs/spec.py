@@ -23,12 +23,12 @@ from __future__ import annotations
 import tomllib
 import uuid
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
 from jobs.engine_sections import ModelSection, SamplingSection
-from jobs.kinds import kind_module
+from jobs.kinds import KindName, kind_module
 from jobs.schedule import Schedule, parse_schedule
 from jobs.secrets import reveal
 from jobs.sections import EvaluateSection, ExtractSection, InputSection, OutputSection, PromptSection, Section
@@ -42,7 +42,7 @@ class SpecFileError(ValueError):
 
 class JobSpec(Section):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="letters, digits, '.', '_', '-'")
-    kind: Literal["summarize", "evaluate", "generate", "openai_batch", "perplexity", "extract"] = "summarize"
+    kind: KindName = "summarize"
     input: InputSection
     output: OutputSection
     model: ModelSection = Field(default_factory=ModelSection)

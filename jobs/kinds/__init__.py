@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Literal, get_args
 
-KIND_NAMES = ("summarize", "evaluate", "generate", "openai_batch", "perplexity", "extract")
+# The kinds, spelled here only: the spec's ``kind`` field is this type.
+KindName = Literal["summarize", "evaluate", "generate", "openai_batch", "perplexity", "extract"]
+KIND_NAMES: tuple[str, ...] = get_args(KindName)
 
 
 def kind_module(kind: str) -> ModuleType:
