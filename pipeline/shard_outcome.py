@@ -127,6 +127,11 @@ class ShardOutcome:
         }
 
     @staticmethod
+    def queued_state_dict(url: str, **extra: Any) -> dict[str, Any]:
+        """The live state of a shard not started (again) yet: at submit, or handed back."""
+        return {"state": ShardState.QUEUED.value, "url": url, **extra}
+
+    @staticmethod
     def is_final_state(data: dict[str, Any]) -> bool:
         """Whether a reported live state is a shard's end (``retrying`` is not)."""
         return data.get("state") in FINAL_SHARD_STATES

@@ -137,8 +137,8 @@ def process_shard(self, plan_dict: dict[str, Any], shard_dict: dict[str, Any]) -
         log.warning("%s; requeued", exc)
         if store is not None:
             with contextlib.suppress(Exception):
-                store.set_shard(plan.job_id, shard.index,
-                               {"state": "queued", "url": shard.url, "part": shard.part_id, "reason": str(exc)})
+                store.set_shard(plan.job_id, shard.index, ShardOutcome.queued_state_dict(
+                    shard.url, part=shard.part_id, reason=str(exc)))
         raise Reject(str(exc), requeue=True) from None
     outcome.part = outcome.part or shard.part_id
     if will_be_retried(outcome.state, outcome.transient, will_retry):
