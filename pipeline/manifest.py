@@ -67,7 +67,7 @@ def _worker_engine_stats(outcomes: list[ShardOutcome]) -> dict[str, dict[str, An
     start, so on a worker that served only this job they describe the job's batches)."""
     latest: dict[str, dict[str, Any]] = {}
     for o in outcomes:
-        engine, worker = o.engine, o.worker
+        engine, worker = o.engine_counters, o.worker
         if worker and "steps" in engine and engine["steps"] >= latest.get(worker, {}).get("steps", -1):
             latest[worker] = {k: engine[k] for k in ("steps", "mean_running_seqs", "kv_peak_usage", "preemptions")
                               if k in engine}
@@ -112,7 +112,7 @@ def build_manifest(
         "output_tokens_per_s": round(sum(o.counts.output_tokens for o in done) / elapsed_s, 2) if elapsed_s else 0.0,
         "rows_per_s": round(sum(o.counts.rows for o in done) / elapsed_s, 2) if elapsed_s else 0.0,
         "prefix_cache_hit_tokens": sum(o.counts.cached_prompt_tokens for o in done),
-        "kv_peak_usage": max((o.engine.get("kv_peak_usage", 0.0) for o in outcomes), default=0.0),
+        "kv_peak_usage": max((o.engine_counters.get("kv_peak_usage", 0.0) for o in outcomes), default=0.0),
         "workers": sorted({o.worker for o in done if o.worker}),
         "worker_engine_stats": _worker_engine_stats(done),
     }

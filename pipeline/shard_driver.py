@@ -102,9 +102,10 @@ class ShardDriver:
         self._last_stop_check = 0.0
 
     def _use_engine(self, engine: ShardEngine) -> None:
-        self.engine = self.in_flight.engine = engine
-        self.requests = RequestBuilder(self.plan, engine)
-        self.preparation = RowPreparation(self.plan, engine, self.requests)
+        self.engine = engine
+        self.in_flight.use_engine(engine)
+        self.request_builder = RequestBuilder(self.plan, engine)
+        self.preparation = RowPreparation(self.plan, engine, self.request_builder)
 
     # ---- the loop -----------------------------------------------------------------------
     def run(self, shards: Iterable[ShardRef] | ShardFeed) -> Iterator[ShardOutcome]:
@@ -257,7 +258,7 @@ class ShardDriver:
                 continue
             record = inf.row.record
             try:
-                values = self.requests.row_values(inf.group)
+                values = self.request_builder.row_values(inf.group)
             except Exception as exc:  # scoring a finished row must cost the row only
                 log.exception("cannot build the result of row %d", record.row_number)
                 values = {"error": f"row {record.row_number}: {type(exc).__name__}: {exc}"}
@@ -307,7 +308,7 @@ class ShardDriver:
         outcome = ShardOutcome(
             ref.index, ref.url, state, replace(counts) if counts else ShardCounts(), reason=reason,
             transient=transient, seconds=round(time.perf_counter() - started, 3), worker=self.worker,
-            part=ref.part_id, engine=stats,
+            part=ref.part_id, engine_counters=stats,
         )
         if shard is not None:
             outcome.rows_resumed, outcome.rows_reused = shard.sink.resumed, shard.rows_reused

@@ -1,7 +1,7 @@
 """How a shard stands or ended: the one typed record from the driver to the manifest.
 
 The driver reports a running shard's counters and its end with the same ``ShardOutcome``;
-the engine service, the task, the progress bar, the metrics and the manifest all read it.
+the engine thread, the task, the progress bar, the metrics and the manifest all read it.
 It becomes a dict only where it leaves the process: ``to_result_dict`` is the Celery task's
 result and the manifest's shard entry (``status``, ``rows``), ``to_state_dict`` the live state
 a worker writes to Redis (``state``, ``rows_done``). Those two formats are public (job
@@ -81,7 +81,7 @@ class ShardOutcome:
     seconds: float = 0.0
     worker: str | None = None
     part: str | None = None  # the shard's part id (connectors.ShardRef.part_id)
-    engine: dict[str, Any] = field(default_factory=dict)  # the worker engine's counters at the end
+    engine_counters: dict[str, Any] = field(default_factory=dict)  # the worker engine's counters at the end
     started_at: float = field(default_factory=time.time)
     # Of its rows, those not computed: taken from an earlier attempt's checkpoint, from the
     # previous part (unchanged content key), or from an identical row of the same run.
@@ -101,7 +101,7 @@ class ShardOutcome:
             "index": self.index, "url": self.url, "status": self.state.value, "rows": c.rows, "errors": c.errors,
             "reason": self.reason, "prompt_tokens": c.prompt_tokens, "output_tokens": c.output_tokens,
             "cached_prompt_tokens": c.cached_prompt_tokens, "seconds": self.seconds, "worker": self.worker,
-            "part": self.part, "transient": self.transient, "engine": dict(self.engine),
+            "part": self.part, "transient": self.transient, "engine": dict(self.engine_counters),
             "rows_resumed": self.rows_resumed, "rows_reused": self.rows_reused, "rows_shared": self.rows_shared,
         }
 
@@ -110,7 +110,7 @@ class ShardOutcome:
         return cls(
             data["index"], data.get("url") or "", ShardState(data["status"]), ShardCounts.from_dict(data),
             reason=data.get("reason"), transient=bool(data.get("transient")), seconds=data.get("seconds") or 0.0,
-            worker=data.get("worker"), part=data.get("part"), engine=dict(data.get("engine") or {}),
+            worker=data.get("worker"), part=data.get("part"), engine_counters=dict(data.get("engine") or {}),
             rows_resumed=data.get("rows_resumed") or 0, rows_reused=data.get("rows_reused") or 0,
             rows_shared=data.get("rows_shared") or 0,
         )
