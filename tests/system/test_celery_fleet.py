@@ -40,7 +40,7 @@ from pipeline.fleet import cancel_job, job_status, submit_job, wait_for_job
 from pipeline.job_state import JobStateStore
 from pipeline.job_status import FINAL_JOB_STATUSES
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 REDIS_BROKER = "redis://127.0.0.1:6379/0"
 RESULT_BACKEND = "redis://127.0.0.1:6379/1"
 RABBIT_BROKER = "amqp://guest:guest@127.0.0.1:5672//"
