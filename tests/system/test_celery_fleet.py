@@ -1,6 +1,6 @@
 """The Celery fleet for real: worker subprocesses on Redis, S3 on loopback, cancellation,
 idempotent redelivery, a broker restart (RabbitMQ and workers killed mid-shard:
-tests/test_faults_fleet.py).
+tests/system/test_faults_fleet.py).
 
 Every run uses its own queue name and Redis key prefix, so stale messages of other
 runs (or other fleets on the same Redis) are never seen, and the short visibility
@@ -349,7 +349,7 @@ def test_cancel_job(redis_fleet, tmp_path, tiny_model_dir) -> None:
     assert sorted(p.name for p in (tmp_path / "out").glob("part-*.parquet")) == done
 
 
-# ---- a worker killed mid-shard: tests/test_faults_fleet.py (threads pool, S3, two shards held) ----
+# ---- a worker killed mid-shard: tests/system/test_faults_fleet.py (threads pool, S3, two shards held) ----
 
 
 def test_threads_worker_builds_its_engine_on_the_service_thread_before_ready(redis_threads_fleet) -> None:
