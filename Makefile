@@ -21,7 +21,7 @@ model: setup
 browser:
 	@command -v chromium >/dev/null || { APT="$$( [ "$$(id -u)" = 0 ] || echo sudo -n ) env DEBIAN_FRONTEND=noninteractive apt-get"; \
 	  $$APT install -y chromium || { $$APT update && $$APT install -y chromium; }; } \
-	  || echo "WARNING: could not install chromium; tests/test_service_dashboard.py will fail" >&2
+	  || echo "WARNING: could not install chromium; tests/service/test_service_dashboard.py will fail" >&2
 
 test: model browser
 	$(PY) -m pytest -q -ra tests

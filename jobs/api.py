@@ -11,7 +11,6 @@ or Celery, and a broker URL given on the command line must be set before Celery 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -58,16 +57,9 @@ def output_status(spec: JobSpec | str | Path) -> dict[str, Any]:
 def wait(job_id: str, timeout: float | None = None, poll: float = 1.0) -> dict[str, Any]:
     """Poll until the job is succeeded/completed_with_errors/cancelled/failed; returns its status.
     Raises TimeoutError after ``timeout`` seconds (None: wait as long as it takes)."""
-    from pipeline.fleet import FINAL_STATES, job_status
+    from pipeline.fleet import wait_for_job
 
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        state = job_status(job_id)
-        if state["status"] in FINAL_STATES:
-            return state
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"job {job_id} still {state['status']} after {timeout}s")
-        time.sleep(poll)
+    return wait_for_job(job_id, timeout, poll_s=poll)
 
 
 def cancel(job_id: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from connectors import part_id_of, read_part_head
+from pipeline.shard_outcome import entry_has_part
 
 _STATUS_STYLE = {
     "succeeded": "green", "done": "green", "skipped": "green", "completed_with_errors": "yellow",
@@ -29,7 +30,7 @@ def read_samples(manifest: dict[str, Any], storage_options: dict[str, Any] | Non
     for shard in manifest.get("shards", []):
         if len(samples) >= count:
             break
-        if shard["status"] not in ("done", "skipped") or not shard.get("part"):
+        if not entry_has_part(shard):
             continue
         samples += read_part_head(
             manifest["output_url"], part_id_of(shard["part"]), ["id", "output", "error"], count - len(samples),

@@ -23,12 +23,12 @@ from __future__ import annotations
 import tomllib
 import uuid
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
 from jobs.engine_sections import ModelSection, SamplingSection
-from jobs.kinds import kind_module
+from jobs.kinds import KindName, job_kind
 from jobs.schedule import Schedule, parse_schedule
 from jobs.secrets import reveal
 from jobs.sections import EvaluateSection, ExtractSection, InputSection, OutputSection, PromptSection, Section
@@ -42,7 +42,7 @@ class SpecFileError(ValueError):
 
 class JobSpec(Section):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="letters, digits, '.', '_', '-'")
-    kind: Literal["summarize", "evaluate", "generate", "openai_batch", "perplexity", "extract"] = "summarize"
+    kind: KindName = "summarize"
     input: InputSection
     output: OutputSection
     model: ModelSection = Field(default_factory=ModelSection)
@@ -75,7 +75,7 @@ class JobSpec(Section):
         clash = sorted(RESERVED_COLUMNS & set(self.input.passthrough))
         if clash:
             raise ValueError(f"input.passthrough: {clash} clash with output columns")
-        kind_module(self.kind).check(self)
+        job_kind(self.kind).check(self)
         return self
 
     # ---- loading ------------------------------------------------------------------------
@@ -138,7 +138,7 @@ class JobSpec(Section):
         """The JobPlan workers execute. For kind ``openai_batch`` this validates and converts the
         request file (reads the input, writes ``_requests/`` under the output); ``read_only``
         (for status) writes nothing."""
-        kind = kind_module(self.kind)
+        kind = job_kind(self.kind)
         openai_output = self.output.openai_format
         if openai_output is None:
             openai_output = self.kind == "openai_batch"

@@ -22,6 +22,7 @@ _EXPORTS = {
     "output_schema": "pipeline.output_schema",
     "ShardOutcome": "pipeline.shard_outcome",
     "ShardState": "pipeline.shard_outcome",
+    "JobStatus": "pipeline.job_status",
     "ShardDriver": "pipeline.shard_driver",
     "get_engine": "pipeline.engine_cache",
     "run_embedded": "pipeline.job_runner",

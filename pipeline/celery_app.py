@@ -142,9 +142,9 @@ def _preload_engine_for_threads(sender: object = None, **_: object) -> None:
 
     settings = os.environ.get("TOKENMILL_PRELOAD_ENGINE")
     if settings and isinstance(getattr(sender, "pool", None), ThreadsPool):
-        from pipeline.engine_service import engine_service
+        from pipeline.engine_thread import engine_thread
 
-        engine_service().preload(json.loads(settings))
+        engine_thread().preload(json.loads(settings))
 
 
 
@@ -165,8 +165,8 @@ def _drain_on_shutdown(sig: str | None = None, how: str | None = None, **_: obje
     cancel step raises NotImplementedError (the pool cannot terminate one job) and the worker
     then waits for every task anyway (Celery 5.7); it also sleeps the whole timeout even
     when the tasks finish sooner."""
-    from pipeline.engine_service import engine_service
+    from pipeline.engine_thread import engine_thread
 
     grace = 0.0 if how == "Cold" else grace_period_s()
     log.warning("worker shutting down (%s, %s): finishing held shards for up to %.0f s", sig, how, grace)
-    engine_service().drain(grace)
+    engine_thread().drain(grace)

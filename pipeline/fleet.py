@@ -27,12 +27,11 @@ from connectors import (
 )
 from pipeline.celery_app import DEFAULT_BROKER_URL, DEFAULT_QUEUE, DEFAULT_RESULT_BACKEND, make_app
 from pipeline.job_state import JobStateStore
+from pipeline.job_status import FINAL_JOB_STATUSES, JobStatus
 from pipeline.manifest import public_url, utc_now
 from pipeline.plan import JobPlan
 from pipeline.publish import begin_output
-from pipeline.shard_outcome import TERMINAL_STATES, ShardState
-
-FINAL_STATES = ("succeeded", "completed_with_errors", "cancelled", "failed")
+from pipeline.shard_outcome import FINAL_SHARD_STATES, ShardState
 
 
 def _client_app(
@@ -160,19 +159,19 @@ def live_status(job_id: str, meta: dict[str, Any], shards: dict[int, dict[str, A
         for i, s in shards.items()
     ]
     count = {state.value: sum(r["state"] == state for r in rows)
-             for state in (ShardState.QUEUED, ShardState.RUNNING, ShardState.RETRYING, *TERMINAL_STATES)}
+             for state in (ShardState.QUEUED, ShardState.RUNNING, ShardState.RETRYING, *FINAL_SHARD_STATES)}
     started = [s["started_at"] for s in shards.values() if s.get("started_at")]
     finished = meta.get("finished_at")
     elapsed = ((finished or now) - min(started)) if started else 0.0
     output_tokens = sum(r["output_tokens"] for r in rows)
-    status = meta.get("status", "queued")
-    if status not in FINAL_STATES:
+    status = meta.get("status", JobStatus.QUEUED.value)
+    if status not in FINAL_JOB_STATUSES:
         if meta.get("cancel_requested_at"):
-            status = "cancelling"
-        elif rows and all(r["state"] in TERMINAL_STATES for r in rows):
-            status = "finalizing"
+            status = JobStatus.CANCELLING.value
+        elif rows and all(r["state"] in FINAL_SHARD_STATES for r in rows):
+            status = JobStatus.FINALIZING.value
         elif count["queued"] < len(rows):
-            status = "running"
+            status = JobStatus.RUNNING.value
     return {
         "job_id": job_id,
         "name": meta.get("name"),
@@ -204,13 +203,16 @@ def cancel_job(job_id: str, *, state_url: str | None = None) -> dict[str, Any]:
     return job_status(job_id, state_url=state_url)
 
 
-def wait_for_job(job_id: str, timeout: float, *, state_url: str | None = None, poll_s: float = 1.0) -> dict[str, Any]:
-    """Poll until the job reaches a final state; raises TimeoutError after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
+def wait_for_job(
+    job_id: str, timeout: float | None, *, state_url: str | None = None, poll_s: float = 1.0
+) -> dict[str, Any]:
+    """Poll until the job reaches a final state; raises TimeoutError after ``timeout`` seconds
+    (None: wait as long as it takes)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         status = job_status(job_id, state_url=state_url)
-        if status["status"] in FINAL_STATES:
+        if status["status"] in FINAL_JOB_STATUSES:
             return status
-        if time.monotonic() > deadline:
+        if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"job {job_id} still {status['status']} after {timeout}s")
         time.sleep(poll_s)

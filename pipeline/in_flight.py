@@ -58,6 +58,10 @@ class InFlightRequests:
         self._followers: dict[int, list[Follower]] = {}  # id(leading group) -> rows waiting for it
         self.orphans: list[Follower] = []  # followers whose leader was dropped: to be admitted again
 
+    def use_engine(self, engine: ShardEngine) -> None:
+        """Send later requests to ``engine`` (the driver switched engines between runs)."""
+        self.engine = engine
+
     def __len__(self) -> int:
         return len(self._by_id)
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import redis
 
+from pipeline.shard_outcome import ShardOutcome
+
 TTL_S = 7 * 24 * 3600
 DEFAULT_STATE_URL = "redis://127.0.0.1:6379/1"
 
@@ -57,7 +59,7 @@ class JobStateStore:
         if shards:
             pipe.hset(
                 self._key(job_id, "shards"),
-                mapping={str(s["index"]): json.dumps({"state": "queued", "url": s["url"]}) for s in shards},
+                mapping={str(s["index"]): json.dumps(ShardOutcome.queued_state_dict(s["url"])) for s in shards},
             )
         self._touch(pipe, job_id)
         pipe.execute()

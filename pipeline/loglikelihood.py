@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine import SamplingParams
 from engine.chat import special_token_strings
-from pipeline.plan import JobPlan
+from pipeline.plan import JobPlan, RequestMode
 
 if TYPE_CHECKING:
     from pipeline.row_requests import RowGroup, SubRequest
@@ -86,7 +86,7 @@ class Scorer:
     def build(self, fields: dict[str, Any], row: int, messages: list[dict[str, str]]) -> list[SubRequest]:
         from pipeline.row_requests import SubRequest
 
-        if self.plan.request_mode == "perplexity":
+        if self.plan.request_mode == RequestMode.PERPLEXITY:
             return [self._document(fields, row)]
         choices = parse_choices(fields.get(self.choices_field), self.choices_field, row)
         texts = [m["content"] for m in messages] + choices
@@ -132,7 +132,7 @@ class Scorer:
     def values(self, group: RowGroup) -> dict[str, Any]:
         """The mode's columns for a finished row without errors."""
         sums = [scored_sum(group.outputs[i], s.token_ids, s.scored_from or 0) for i, s in enumerate(group.subs)]
-        if self.plan.request_mode == "perplexity":
+        if self.plan.request_mode == RequestMode.PERPLEXITY:
             tokens = len(group.subs[0].token_ids) - 1
             nll = -sums[0]
             return {"nll": nll, "tokens": tokens, "perplexity": math.exp(nll / tokens)}

@@ -22,8 +22,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from connectors import part_name, public_url
+from pipeline.job_status import JobStatus
 from pipeline.plan import JobPlan
-from pipeline.shard_outcome import TERMINAL_STATES, ShardOutcome, ShardState
+from pipeline.shard_outcome import FINAL_SHARD_STATES, ShardOutcome, ShardState, entry_has_part
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +42,14 @@ def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def final_status(outcomes: list[ShardOutcome], cancelled: bool = False) -> str:
+def final_status(outcomes: list[ShardOutcome], cancelled: bool = False) -> JobStatus:
     """The job's status from its shards' outcomes (see the module docstring)."""
     states = {o.state for o in outcomes}
     if cancelled or ShardState.CANCELLED in states:
-        return "cancelled"
+        return JobStatus.CANCELLED
     if ShardState.FAILED in states:
-        return "completed_with_errors"
-    return "succeeded"
+        return JobStatus.COMPLETED_WITH_ERRORS
+    return JobStatus.SUCCEEDED
 
 
 def engine_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -66,7 +67,7 @@ def _worker_engine_stats(outcomes: list[ShardOutcome]) -> dict[str, dict[str, An
     start, so on a worker that served only this job they describe the job's batches)."""
     latest: dict[str, dict[str, Any]] = {}
     for o in outcomes:
-        engine, worker = o.engine, o.worker
+        engine, worker = o.engine_counters, o.worker
         if worker and "steps" in engine and engine["steps"] >= latest.get(worker, {}).get("steps", -1):
             latest[worker] = {k: engine[k] for k in ("steps", "mean_running_seqs", "kv_peak_usage", "preemptions")
                               if k in engine}
@@ -97,7 +98,7 @@ def build_manifest(
 
     outcomes = sorted(outcomes, key=lambda o: o.index)
     shards = [_shard_entry(o) for o in outcomes]
-    count = {s.value: sum(o.state == s for o in outcomes) for s in TERMINAL_STATES}
+    count = {s.value: sum(o.state == s for o in outcomes) for s in FINAL_SHARD_STATES}
     counts = [o.counts.to_dict() for o in outcomes]
     totals = {
         "shards": len(outcomes),
@@ -111,7 +112,7 @@ def build_manifest(
         "output_tokens_per_s": round(sum(o.counts.output_tokens for o in done) / elapsed_s, 2) if elapsed_s else 0.0,
         "rows_per_s": round(sum(o.counts.rows for o in done) / elapsed_s, 2) if elapsed_s else 0.0,
         "prefix_cache_hit_tokens": sum(o.counts.cached_prompt_tokens for o in done),
-        "kv_peak_usage": max((o.engine.get("kv_peak_usage", 0.0) for o in outcomes), default=0.0),
+        "kv_peak_usage": max((o.engine_counters.get("kv_peak_usage", 0.0) for o in outcomes), default=0.0),
         "workers": sorted({o.worker for o in done if o.worker}),
         "worker_engine_stats": _worker_engine_stats(done),
     }
@@ -122,7 +123,7 @@ def build_manifest(
         "job_id": plan.job_id,
         "name": plan.name,
         "kind": plan.kind,
-        "status": state,
+        "status": state.value,
         "mode": mode,
         "input_url": public_url(plan.input_url),
         "output_url": public_url(plan.output_url),
@@ -140,11 +141,11 @@ def build_manifest(
         "started_at": started_at,
         "finished_at": utc_now(),
         "shards": shards,
-        "parts": [s["part"] for s in shards if s["status"] in ("done", "skipped") and s["part"]],
+        "parts": [s["part"] for s in shards if entry_has_part(s)],
         "totals": totals,
         "engine_stats": stats,
         "summary": summary,
         "openai_output": plan.openai_output,
-        "success_marker": state == "succeeded",
+        "success_marker": state == JobStatus.SUCCEEDED,
         "plan": plan.plan_digest(),  # whose parts these are: status of another spec ignores this manifest
     }

@@ -15,7 +15,7 @@ from typing import Any
 from connectors import list_shards, part_is_current, read_manifest, success_marker_exists
 from pipeline.manifest import public_url
 from pipeline.plan import JobPlan
-from pipeline.shard_outcome import TERMINAL_STATES, ShardState
+from pipeline.shard_outcome import FINAL_SHARD_STATES, PART_STATES, ShardState
 
 NOT_CURRENT = "no part for this spec's plan"
 
@@ -35,7 +35,7 @@ def status_from_output(plan: JobPlan) -> dict[str, Any]:
         entry = recorded.get(public_url(s.url), {})
         state = entry.get("status") if entry else None
         if current[s.index]:
-            state = state if state in ("done", "skipped") else "done"
+            state = state if state in PART_STATES else ShardState.DONE.value
         elif state not in ("failed", "cancelled"):
             state, entry = "queued", {"reason": NOT_CURRENT}
         rows.append({"index": s.index, "url": s.url, "state": state, "rows_done": entry.get("rows", 0),
@@ -49,7 +49,7 @@ def status_from_output(plan: JobPlan) -> dict[str, Any]:
         status = manifest["status"]
     elapsed = manifest.get("engine_stats", {}).get("elapsed_s", 0.0) if ours else 0.0
     count = {state.value: sum(r["state"] == state for r in rows)
-             for state in (ShardState.QUEUED, ShardState.RUNNING, *TERMINAL_STATES)}
+             for state in (ShardState.QUEUED, ShardState.RUNNING, *FINAL_SHARD_STATES)}
     output_tokens = sum(r["output_tokens"] for r in rows)
     return {
         "job_id": plan.job_id, "name": plan.name, "status": status, "output_url": public_url(plan.output_url),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 # Plan fields that change what a part holds; a part written under other values is stale.
@@ -25,6 +26,14 @@ _OUTPUT_ENGINE_FIELDS = ("model", "dtype", "max_model_len")
 # bound caps the rows held in memory for the next chunk (about a minute of a fast GPU's rows).
 DEFAULT_CHECKPOINT_ROWS = 5000
 DEFAULT_CHECKPOINT_SECONDS = 120.0
+
+
+class RequestMode(StrEnum):
+    """How a row becomes engine requests (``pipeline.row_requests``)."""
+
+    GENERATE = "generate"  # one request per row (n samples share its prompt's KV blocks)
+    LOGLIKELIHOOD = "loglikelihood"  # one request per answer choice, scored by its logprobs
+    PERPLEXITY = "perplexity"  # every token of the document scored
 
 
 @dataclass
@@ -45,7 +54,7 @@ class PromptPlan:
 class JobPlan:
     job_id: str
     name: str
-    kind: str  # summarize | evaluate | generate | openai_batch
+    kind: str  # the job kind's name (jobs.kinds.KindName)
     input_url: str
     output_url: str
     input_format: str | None = None  # None: from the file names
@@ -71,15 +80,20 @@ class JobPlan:
     hook_options: dict[str, Any] = field(default_factory=dict)
     extra_columns: dict[str, str] = field(default_factory=dict)  # name -> arrow type ("float64", "string", "bool")
     openai_output: bool = False  # also write OpenAI batch output JSONL lines
-    # How a row becomes engine requests (pipeline.row_requests): "generate", or scoring text
-    # with "loglikelihood" (one request per choice) / "perplexity"; mode_options configure it.
-    request_mode: str = "generate"
+    # How a row becomes engine requests (pipeline.row_requests); mode_options configure it.
+    request_mode: RequestMode = RequestMode.GENERATE
     mode_options: dict[str, Any] = field(default_factory=dict)
     sampling_field: str | None = None  # a row column of per-row SamplingParams overrides
     # Checkpoints inside a shard: every this many finished rows or seconds (0: that trigger off;
     # both 0: none). They do not shape rows, so they are not in the part fingerprint.
     checkpoint_rows: int = DEFAULT_CHECKPOINT_ROWS
     checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS
+
+    def __post_init__(self) -> None:
+        if self.request_mode not in tuple(RequestMode):
+            raise ValueError(f"unknown request mode {self.request_mode!r}: "
+                             f"expected one of {', '.join(m.value for m in RequestMode)}")
+        self.request_mode = RequestMode(self.request_mode)  # a plan read back from JSON holds the string
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

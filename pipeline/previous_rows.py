@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from connectors import ShardRef, read_part_if_any
 from pipeline.output_columns import COMPUTED_COLUMNS
-from pipeline.plan import JobPlan
+from pipeline.plan import JobPlan, RequestMode
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class PreviousRows:
 def load_previous_rows(plan: JobPlan, ref: ShardRef) -> PreviousRows | None:
     """The previous part of ``ref``'s shard, whatever input version or plan wrote it (the keys
     say which rows still hold); None if there is none or nothing in it can be taken."""
-    if plan.request_mode != "generate" or plan.openai_output:
+    if plan.request_mode != RequestMode.GENERATE or plan.openai_output:
         return None
     columns = [*COMPUTED_COLUMNS, *(c for c in _SAMPLE_COLUMNS if c in plan.extra_columns)]
     table = read_part_if_any(plan.output_url, ref.part_id, ["content_key", "error", *columns], plan.output_options)

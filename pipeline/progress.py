@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipeline.shard_outcome import TERMINAL_STATES, ShardOutcome, ShardState
+from pipeline.shard_outcome import FINAL_SHARD_STATES, ShardOutcome, ShardState
 
 
 class RunProgress:
@@ -54,7 +54,7 @@ class RunProgress:
         self.tokens[p.index] = 0 if p.state == ShardState.SKIPPED else p.counts.output_tokens
         if p.state == ShardState.SKIPPED:
             self.skipped_rows[p.index] = p.counts.rows
-        if p.state in TERMINAL_STATES:
+        if p.state in FINAL_SHARD_STATES:
             self.finished.add(p.index)
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         skipped = sum(self.skipped_rows.values())

@@ -14,7 +14,7 @@ A row's ``position`` is its place in the shard as read, which is its place in th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from connectors import Record
 from pipeline.plan import JobPlan
@@ -32,6 +32,18 @@ class PreparedRow:
     messages: list[dict[str, str]] | None
     error: str | None
     key: str | None = None  # its content key, once its requests are built (pipeline.row_keys)
+
+
+@dataclass
+class RowRequests:
+    """A row's engine requests, or (``error`` set, no requests) the message of its error row."""
+
+    subs: list[SubRequest] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.subs)
 
 
 class RowPreparation:
@@ -57,18 +69,18 @@ class RowPreparation:
             groups.setdefault(key, []).append(row)
         return [row for group in groups.values() for row in group]
 
-    def requests(self, row: PreparedRow) -> list[SubRequest] | str:
+    def requests(self, row: PreparedRow) -> RowRequests:
         """The row's engine requests, or the message of the error row it becomes instead."""
         record, messages = row.record, row.messages
         if messages is None:
-            return row.error or f"row {record.row_number}: no prompt"
+            return RowRequests(error=row.error or f"row {record.row_number}: no prompt")
         try:
-            return self.builder.build(record.fields, record.row_number, messages,
-                                      lambda: self.tokens(record, messages))
+            return RowRequests(self.builder.build(record.fields, record.row_number, messages,
+                                                  lambda: self.tokens(record, messages)))
         except (TemplateError, RowInputError) as exc:
-            return str(exc)
+            return RowRequests(error=str(exc))
         except Exception as exc:
-            return f"row {record.row_number}: cannot apply the chat template: {exc}"
+            return RowRequests(error=f"row {record.row_number}: cannot apply the chat template: {exc}")
 
     # ---- tokens -----------------------------------------------------------------------------
     def tokens(self, record: Record, messages: list[dict[str, str]]) -> list[int]:

@@ -16,10 +16,8 @@ from typing import Any
 
 from engine import RequestOutput, SamplingParams
 from pipeline.openai_output import CHOICES_KEY, logprobs_content
-from pipeline.plan import JobPlan
+from pipeline.plan import JobPlan, RequestMode
 from pipeline.shard_engine import PromptEngine
-
-MODES = ("generate", "loglikelihood", "perplexity")
 
 
 class RowInputError(ValueError):
@@ -65,14 +63,12 @@ class RequestBuilder:
     """Per plan: ``build`` turns a row into SubRequests, ``row_values`` their outputs into row fields."""
 
     def __init__(self, plan: JobPlan, engine: PromptEngine) -> None:
-        if plan.request_mode not in MODES:
-            raise ValueError(f"unknown request mode {plan.request_mode!r}: expected one of {', '.join(MODES)}")
         self.plan = plan
         self.engine = engine
         self.base = dict(plan.sampling)
         self.params = make_params(self.base)
         self.scorer = None
-        if plan.request_mode != "generate":
+        if plan.request_mode != RequestMode.GENERATE:
             from pipeline.loglikelihood import Scorer
 
             self.scorer = Scorer(plan, engine)

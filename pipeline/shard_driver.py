@@ -102,9 +102,10 @@ class ShardDriver:
         self._last_stop_check = 0.0
 
     def _use_engine(self, engine: ShardEngine) -> None:
-        self.engine = self.in_flight.engine = engine
-        self.requests = RequestBuilder(self.plan, engine)
-        self.preparation = RowPreparation(self.plan, engine, self.requests)
+        self.engine = engine
+        self.in_flight.use_engine(engine)
+        self.request_builder = RequestBuilder(self.plan, engine)
+        self.preparation = RowPreparation(self.plan, engine, self.request_builder)
 
     # ---- the loop -----------------------------------------------------------------------
     def run(self, shards: Iterable[ShardRef] | ShardFeed) -> Iterator[ShardOutcome]:
@@ -212,12 +213,11 @@ class ShardDriver:
 
     def _admit_row(self, shard: OpenShard, row: PreparedRow) -> None:
         """Into the engine, unless the row takes an earlier result or is an error row."""
-        subs = self.preparation.requests(row)
-        error = subs if isinstance(subs, str) else self.sharing.admit(shard, row, subs)
+        requests = self.preparation.requests(row)
+        error = requests.error if requests.error is not None else self.sharing.admit(shard, row, requests.subs)
         if error is not None:
-            tokens = 0 if isinstance(subs, str) else sum(len(s.token_ids) for s in subs)
-            self._complete(shard, row, self.results.build(row.record, error=error, prompt_tokens=tokens,
-                                                          content_key=row.key))
+            self._complete(shard, row, self.results.build(row.record, error=error,
+                                                          prompt_tokens=requests.prompt_tokens, content_key=row.key))
 
     def _fail_shard(self, shard: OpenShard, reason: str, transient: bool) -> None:
         shard.sink.abandon(reason, transient=transient)
@@ -258,7 +258,7 @@ class ShardDriver:
                 continue
             record = inf.row.record
             try:
-                values = self.requests.row_values(inf.group)
+                values = self.request_builder.row_values(inf.group)
             except Exception as exc:  # scoring a finished row must cost the row only
                 log.exception("cannot build the result of row %d", record.row_number)
                 values = {"error": f"row {record.row_number}: {type(exc).__name__}: {exc}"}
@@ -308,7 +308,7 @@ class ShardDriver:
         outcome = ShardOutcome(
             ref.index, ref.url, state, replace(counts) if counts else ShardCounts(), reason=reason,
             transient=transient, seconds=round(time.perf_counter() - started, 3), worker=self.worker,
-            part=ref.part_id, engine=stats,
+            part=ref.part_id, engine_counters=stats,
         )
         if shard is not None:
             outcome.rows_resumed, outcome.rows_reused = shard.sink.resumed, shard.rows_reused

@@ -1,6 +1,6 @@
 """Where the shard driver takes its shards from: a known list, or a live feed.
 
-A worker's engine service does not know its shards in advance: shard tasks arrive while
+A worker's engine thread does not know its shards in advance: shard tasks arrive while
 the engine runs. The driver asks the feed for the next shard whenever it has room, and
 may wait briefly for one when the engine is idle.
 """

@@ -1,7 +1,7 @@
 """How a shard stands or ended: the one typed record from the driver to the manifest.
 
 The driver reports a running shard's counters and its end with the same ``ShardOutcome``;
-the engine service, the task, the progress bar, the metrics and the manifest all read it.
+the engine thread, the task, the progress bar, the metrics and the manifest all read it.
 It becomes a dict only where it leaves the process: ``to_result_dict`` is the Celery task's
 result and the manifest's shard entry (``status``, ``rows``), ``to_state_dict`` the live state
 a worker writes to Redis (``state``, ``rows_done``). Those two formats are public (job
@@ -28,7 +28,14 @@ class ShardState(StrEnum):
     RETRYING = "retrying"  # failed transiently and its task runs again: not final
 
 
-TERMINAL_STATES = (ShardState.DONE, ShardState.SKIPPED, ShardState.FAILED, ShardState.CANCELLED)
+FINAL_SHARD_STATES = (ShardState.DONE, ShardState.SKIPPED, ShardState.FAILED, ShardState.CANCELLED)
+# The states whose shard has its part in the output (the manifest's ``parts``).
+PART_STATES = (ShardState.DONE, ShardState.SKIPPED)
+
+
+def entry_has_part(entry: dict[str, Any]) -> bool:
+    """Whether a manifest shard entry (a result dict) names a part that is in the output."""
+    return entry.get("status") in PART_STATES and bool(entry.get("part"))
 
 
 @dataclass
@@ -74,13 +81,18 @@ class ShardOutcome:
     seconds: float = 0.0
     worker: str | None = None
     part: str | None = None  # the shard's part id (connectors.ShardRef.part_id)
-    engine: dict[str, Any] = field(default_factory=dict)  # the worker engine's counters at the end
+    engine_counters: dict[str, Any] = field(default_factory=dict)  # the worker engine's counters at the end
     started_at: float = field(default_factory=time.time)
     # Of its rows, those not computed: taken from an earlier attempt's checkpoint, from the
     # previous part (unchanged content key), or from an identical row of the same run.
     rows_resumed: int = 0
     rows_reused: int = 0
     rows_shared: int = 0
+
+    @property
+    def has_part(self) -> bool:
+        """Its part is in the output: written now or already current."""
+        return self.state in PART_STATES and bool(self.part)
 
     # ---- the Celery result / manifest form ---------------------------------------------------
     def to_result_dict(self) -> dict[str, Any]:
@@ -89,7 +101,7 @@ class ShardOutcome:
             "index": self.index, "url": self.url, "status": self.state.value, "rows": c.rows, "errors": c.errors,
             "reason": self.reason, "prompt_tokens": c.prompt_tokens, "output_tokens": c.output_tokens,
             "cached_prompt_tokens": c.cached_prompt_tokens, "seconds": self.seconds, "worker": self.worker,
-            "part": self.part, "transient": self.transient, "engine": dict(self.engine),
+            "part": self.part, "transient": self.transient, "engine": dict(self.engine_counters),
             "rows_resumed": self.rows_resumed, "rows_reused": self.rows_reused, "rows_shared": self.rows_shared,
         }
 
@@ -98,7 +110,7 @@ class ShardOutcome:
         return cls(
             data["index"], data.get("url") or "", ShardState(data["status"]), ShardCounts.from_dict(data),
             reason=data.get("reason"), transient=bool(data.get("transient")), seconds=data.get("seconds") or 0.0,
-            worker=data.get("worker"), part=data.get("part"), engine=dict(data.get("engine") or {}),
+            worker=data.get("worker"), part=data.get("part"), engine_counters=dict(data.get("engine") or {}),
             rows_resumed=data.get("rows_resumed") or 0, rows_reused=data.get("rows_reused") or 0,
             rows_shared=data.get("rows_shared") or 0,
         )
@@ -115,9 +127,14 @@ class ShardOutcome:
         }
 
     @staticmethod
+    def queued_state_dict(url: str, **extra: Any) -> dict[str, Any]:
+        """The live state of a shard not started (again) yet: at submit, or handed back."""
+        return {"state": ShardState.QUEUED.value, "url": url, **extra}
+
+    @staticmethod
     def is_final_state(data: dict[str, Any]) -> bool:
         """Whether a reported live state is a shard's end (``retrying`` is not)."""
-        return data.get("state") in TERMINAL_STATES
+        return data.get("state") in FINAL_SHARD_STATES
 
     def __post_init__(self) -> None:
         if self.reason:  # the reason goes to Redis, the manifest and status: no credential in it

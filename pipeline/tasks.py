@@ -23,7 +23,7 @@ from celery.exceptions import Reject
 from connectors import ShardRef
 from pipeline import metrics
 from pipeline.celery_app import app
-from pipeline.engine_service import ShardHandedBack, engine_service
+from pipeline.engine_thread import ShardHandedBack, engine_thread
 from pipeline.job_state import JobStateStore
 from pipeline.manifest import build_manifest, utc_now
 from pipeline.plan import JobPlan
@@ -100,7 +100,7 @@ class _Reporter:
 def run_shard(
     plan: JobPlan, shard: ShardRef, store: JobStateStore | None, worker: str, will_retry: bool = False
 ) -> ShardOutcome:
-    """Run one shard in this worker's engine service (overlapping with the worker's other
+    """Run one shard in this worker's engine thread (overlapping with the worker's other
     shard tasks under the threads pool); always returns its outcome. ``will_retry``: the
     caller runs the shard again after a transient failure."""
     reporter = _Reporter(store, plan.job_id, worker, shard.part_id, will_retry)
@@ -118,7 +118,7 @@ def run_shard(
         meter.progress(p)
         reporter(p)
 
-    outcome = engine_service().run_shard(plan, shard, on_progress=on_progress, should_stop=should_stop,
+    outcome = engine_thread().run_shard(plan, shard, on_progress=on_progress, should_stop=should_stop,
                                          worker=worker)
     meter.finish(outcome, retrying=will_be_retried(outcome.state, outcome.transient, will_retry))
     return outcome
@@ -137,8 +137,8 @@ def process_shard(self, plan_dict: dict[str, Any], shard_dict: dict[str, Any]) -
         log.warning("%s; requeued", exc)
         if store is not None:
             with contextlib.suppress(Exception):
-                store.set_shard(plan.job_id, shard.index,
-                               {"state": "queued", "url": shard.url, "part": shard.part_id, "reason": str(exc)})
+                store.set_shard(plan.job_id, shard.index, ShardOutcome.queued_state_dict(
+                    shard.url, part=shard.part_id, reason=str(exc)))
         raise Reject(str(exc), requeue=True) from None
     outcome.part = outcome.part or shard.part_id
     if will_be_retried(outcome.state, outcome.transient, will_retry):

@@ -1,8 +1,8 @@
 """Starting a fleet worker (``tokenmill worker``): Celery's argv for one engine per process.
 
 Default: the ``threads`` pool with 2 task threads. Each thread holds one shard task and
-waits while the process's engine service (one thread, one engine, see
-``pipeline.engine_service``) processes it, so the next shard is already admitted while
+waits while the process's engine thread (one thread, one engine, see
+``pipeline.engine_thread``) processes it, so the next shard is already admitted while
 the previous one's last requests decode. ``--pool solo`` runs one shard at a time (the
 engine drains at each shard boundary). Scale out with more worker processes, not more
 threads: the engine is the unit of compute.

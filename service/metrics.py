@@ -13,11 +13,11 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from pipeline.fleet import FINAL_STATES
+from pipeline.job_status import JobStatus
 from service.records import BATCH_FINAL, BatchRecord, JobRecord, Store
 
 BATCH_STATUSES = ("validating", "in_progress", "finalizing", "cancelling", *BATCH_FINAL)
-JOB_STATUSES = ("queued", "running", "finalizing", "cancelling", *FINAL_STATES)
+JOB_STATUSES = tuple(s.value for s in JobStatus)
 
 
 class RecordsCollector(Collector):

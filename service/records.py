@@ -21,11 +21,11 @@ from pydantic import BaseModel, Field
 
 from connectors import join_url
 from connectors.blobs import delete_object, read_json, read_json_folder, write_json
+from pipeline.job_status import FINAL_JOB_STATUSES
 
 R = TypeVar("R", bound="Record")
 
 BATCH_FINAL = ("completed", "failed", "cancelled", "expired")
-JOB_FINAL = ("succeeded", "completed_with_errors", "cancelled", "failed")  # pipeline.fleet.FINAL_STATES
 
 
 def new_id(prefix: str) -> str:
@@ -106,7 +106,7 @@ _TRACKED = (BatchRecord, JobRecord)  # the kinds whose open records the loop and
 def is_open(record: Record) -> bool:
     if isinstance(record, BatchRecord):
         return record.status not in BATCH_FINAL
-    return isinstance(record, JobRecord) and record.status not in JOB_FINAL
+    return isinstance(record, JobRecord) and record.status not in FINAL_JOB_STATUSES
 
 
 class Store:

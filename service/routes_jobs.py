@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from connectors import StorageError
 from jobs.spec import JobSpec
 from jobs.spec_errors import format_errors
-from pipeline.fleet import FINAL_STATES
+from pipeline.job_status import FINAL_JOB_STATUSES
 from service.auth import Owner, owned
 from service.errors import APIError, bad_request, not_found
 from service.records import JobRecord, Store
@@ -73,7 +73,7 @@ def job_status(request: Request, owner: Owner, job_id: str) -> dict[str, Any]:
     try:
         status = request.app.state.runner.status(job_id)
     except KeyError as exc:
-        if record.status in FINAL_STATES:  # finished and forgotten by the runner: the record speaks
+        if record.status in FINAL_JOB_STATUSES:  # finished and forgotten by the runner: the record speaks
             return {**record.public(), "shards": [], "progress": None}
         raise APIError(410, f"job {job_id}: {exc.args[0] if exc.args else 'state lost'}", code="job_lost") from None
     return {**record.public(), **status, "id": job_id}

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pipeline.plan import JobPlan
+from pipeline.shard_outcome import ShardOutcome
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class EmbeddedRunner:
                              split_row_groups=plan.split_row_groups)
         job = _EmbeddedJob(plan, {"name": plan.name, "kind": plan.kind, "status": "queued",
                                   "submitted_at": time.time(), "output_url": plan.output_url})
-        job.shards = {s.index: {"state": "queued", "url": s.url} for s in shards}
+        job.shards = {s.index: ShardOutcome.queued_state_dict(s.url) for s in shards}
         with self._lock:
             self._jobs[plan.job_id] = job
         self._queue.put(plan.job_id)
@@ -120,7 +121,6 @@ class EmbeddedRunner:
     def _run(self, job: _EmbeddedJob) -> None:
         from pipeline import metrics
         from pipeline.job_runner import run_embedded
-        from pipeline.shard_outcome import ShardOutcome
 
         def on_progress(p: ShardOutcome) -> None:
             state = {**p.to_state_dict(), "started_at": p.started_at, "updated_at": time.time(), "worker": "embedded",

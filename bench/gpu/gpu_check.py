@@ -23,7 +23,7 @@ from common import MID, TINY, Recorder, build_model, compare, device_meta, hf_gr
 
 from engine import LLM, SamplingParams  # noqa: E402
 
-# As tests/test_engine_matches_hf.py.
+# As tests/engine/test_engine_matches_hf.py.
 MODES = {
     "prefix-caching-on": dict(enable_prefix_caching=True),
     "prefix-caching-off": dict(enable_prefix_caching=False),
@@ -32,7 +32,7 @@ MODES = {
     "static": dict(scheduling="static", max_num_seqs=5),
     "contiguous": dict(kv_allocation="contiguous"),
 }
-NEAR_TIE = 0.5  # as tests/test_engine_bf16_matches_hf.py
+NEAR_TIE = 0.5  # as tests/engine/test_engine_bf16_matches_hf.py
 
 
 def free() -> None:

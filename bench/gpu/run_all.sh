@@ -9,7 +9,7 @@ SECTIONS=${2:-kernels,throughput,check}
 T0=$(date +%s)
 { nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.mem --format=csv; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"; } 2>&1 | tee "$OUT/env.txt"
 if [[ $SECTIONS == *kernels* ]]; then
-  timeout ${KERNEL_TIMEOUT:-150} python3 -m pytest --noconftest -q -p no:cacheprovider -n 8 tests/test_triton_cuda.py tests/test_fused_triton.py \
+  timeout ${KERNEL_TIMEOUT:-150} python3 -m pytest --noconftest -q -p no:cacheprovider -n 8 tests/engine/test_triton_cuda.py tests/engine/test_fused_triton.py \
     --junitxml="$OUT/kernels-junit.xml" -rf --durations=8 2>&1 | tail -40 | tee "$OUT/kernels.txt"
   echo "kernels done at $(( $(date +%s) - T0 )) s"
 fi

@@ -92,5 +92,5 @@ def rotary_(qkv: torch.Tensor, num_heads: int, head_dim: int, positions: torch.T
 
 
 def usable(*tensors: torch.Tensor) -> bool:
-    """CUDA tensors (the interpreter is for the kernels' own tests: see tests/test_fused_triton.py)."""
+    """CUDA tensors (the interpreter is for the kernels' own tests: see tests/engine/test_fused_triton.py)."""
     return ENABLED and all(t.is_cuda for t in tensors)

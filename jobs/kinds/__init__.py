@@ -1,20 +1,24 @@
-"""Job kinds: how a spec of each kind becomes the kind-specific parts of a JobPlan.
+"""Job kinds: each is one ``JobKind`` subclass in its own module here (``jobs.kinds.base``).
 
-Each kind module offers ``check(spec)`` (cross-field rules, raising ValueError whose
-message starts with the offending field's path) and ``plan_fields(spec, read_only=...)``
-(JobPlan keyword arguments: prompt, hooks, extra columns, ...; ``read_only``: build them
-without writing anything, as ``tokenmill status`` does).
+A kind's ``check(spec)`` holds its cross-field rules and ``plan_fields(spec, read_only=...)``
+its part of the JobPlan (prompt, hooks, extra columns, request mode, ...). ``job_kind(name)``
+imports the kind's module, which registers its class.
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+from typing import Literal, get_args
 
-KIND_NAMES = ("summarize", "evaluate", "generate", "openai_batch", "perplexity", "extract")
+from jobs.kinds.base import KINDS, JobKind
+
+# The kinds, spelled here only: the spec's ``kind`` field is this type (and its error lists them).
+KindName = Literal["summarize", "evaluate", "generate", "openai_batch", "perplexity", "extract"]
+KIND_NAMES: tuple[str, ...] = get_args(KindName)
 
 
-def kind_module(kind: str) -> ModuleType:
-    if kind not in KIND_NAMES:
-        raise ValueError(f"unknown job kind {kind!r}: expected one of {', '.join(KIND_NAMES)}")
-    return importlib.import_module(f"jobs.kinds.{kind}")
+def job_kind(name: str) -> JobKind:
+    if name not in KIND_NAMES:
+        raise ValueError(f"unknown job kind {name!r}: expected one of {', '.join(KIND_NAMES)}")
+    importlib.import_module(f"jobs.kinds.{name}")
+    return KINDS[name]()

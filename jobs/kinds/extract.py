@@ -10,7 +10,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from jobs.extract import schema_columns
-from jobs.kinds.base import few_shot_turns, reject_prompt_field, user_template
+from jobs.kinds.base import JobKind, few_shot_turns, reject_prompt_field, user_template
 from pipeline.plan import PromptPlan
 
 if TYPE_CHECKING:
@@ -19,34 +19,36 @@ if TYPE_CHECKING:
 DEFAULT_SYSTEM = "Extract the information from the user's text as a JSON object matching this JSON schema:\n{schema}"
 
 
-def check(spec: JobSpec) -> None:
-    from jobs.spec import RESERVED_COLUMNS
+class Extract(JobKind):
+    name = "extract"
 
-    reject_prompt_field(spec)
-    if spec.extract is None:
-        raise ValueError("extract: kind 'extract' needs an [extract] table with the JSON schema")
-    schema = spec.extract.load_schema()
-    columns = set(schema_columns(schema))
-    for taken, what in ((RESERVED_COLUMNS, "output columns"), (set(spec.input.passthrough), "input.passthrough")):
-        clash = sorted(columns & set(taken))
-        if clash:
-            raise ValueError(f"extract.schema: properties {clash} clash with {what}")
+    def check(self, spec: JobSpec) -> None:
+        from jobs.spec import RESERVED_COLUMNS
 
+        reject_prompt_field(spec)
+        if spec.extract is None:
+            raise ValueError("extract: kind 'extract' needs an [extract] table with the JSON schema")
+        schema = spec.extract.load_schema()
+        columns = set(schema_columns(schema))
+        for taken, what in ((RESERVED_COLUMNS, "output columns"), (set(spec.input.passthrough), "input.passthrough")):
+            clash = sorted(columns & set(taken))
+            if clash:
+                raise ValueError(f"extract.schema: properties {clash} clash with {what}")
 
-def plan_fields(spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
-    assert spec.extract is not None
-    schema = spec.extract.load_schema()
-    columns = schema_columns(schema)
-    system = spec.prompt.system
-    if system is None:
-        system = DEFAULT_SYSTEM.format(schema=json.dumps(schema, ensure_ascii=False))
-    sampling = spec.sampling.plan_values()
-    sampling["structured_output"] = {"json": schema}
-    return {
-        "prompt": PromptPlan(system=system, user_template=user_template(spec), few_shot=few_shot_turns(spec)),
-        "sampling": sampling,
-        "row_hook": "jobs.extract:extract_row",
-        "summary_hook": "jobs.extract:summarize_extract",
-        "hook_options": {"schema": schema, "columns": columns},
-        "extra_columns": {name: "string" if kind == "json" else kind for name, kind in columns.items()},
-    }
+    def plan_fields(self, spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
+        assert spec.extract is not None
+        schema = spec.extract.load_schema()
+        columns = schema_columns(schema)
+        system = spec.prompt.system
+        if system is None:
+            system = DEFAULT_SYSTEM.format(schema=json.dumps(schema, ensure_ascii=False))
+        sampling = spec.sampling.plan_values()
+        sampling["structured_output"] = {"json": schema}
+        return {
+            "prompt": PromptPlan(system=system, user_template=user_template(spec), few_shot=few_shot_turns(spec)),
+            "sampling": sampling,
+            "row_hook": "jobs.extract:extract_row",
+            "summary_hook": "jobs.extract:summarize_extract",
+            "hook_options": {"schema": schema, "columns": columns},
+            "extra_columns": {name: "string" if kind == "json" else kind for name, kind in columns.items()},
+        }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from jobs.kinds.base import few_shot_turns
+from jobs.kinds.base import JobKind, few_shot_turns
 from jobs.sample_metrics import GENERATE_SAMPLE_COLUMNS
 from pipeline.plan import PromptPlan
 
@@ -17,28 +17,30 @@ if TYPE_CHECKING:
     from jobs.spec import JobSpec
 
 
-def check(spec: JobSpec) -> None:
-    if spec.prompt.template is not None:
-        raise ValueError(
-            "prompt.template: kind 'generate' sends prompt.prompt_field as written; "
-            "use kind 'summarize' for a template"
-        )
-    clash = set(GENERATE_SAMPLE_COLUMNS) & set(spec.input.passthrough) if spec.sampling.n > 1 else set()
-    if clash:
-        raise ValueError(f"input.passthrough: {sorted(clash)} clash with the sample columns")
+class Generate(JobKind):
+    name = "generate"
 
+    def check(self, spec: JobSpec) -> None:
+        if spec.prompt.template is not None:
+            raise ValueError(
+                "prompt.template: kind 'generate' sends prompt.prompt_field as written; "
+                "use kind 'summarize' for a template"
+            )
+        clash = set(GENERATE_SAMPLE_COLUMNS) & set(spec.input.passthrough) if spec.sampling.n > 1 else set()
+        if clash:
+            raise ValueError(f"input.passthrough: {sorted(clash)} clash with the sample columns")
 
-def prompt_field(spec: JobSpec) -> str:
-    return spec.prompt.prompt_field or spec.input.text_field
+    @staticmethod
+    def prompt_field(spec: JobSpec) -> str:
+        return spec.prompt.prompt_field or spec.input.text_field
 
-
-def plan_fields(spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
-    field = prompt_field(spec)
-    values: dict[str, Any] = {
-        # the prompt column is also the checked text column: a row with an empty prompt is an error row
-        "text_field": field,
-        "prompt": PromptPlan(system=spec.prompt.system or "", prompt_field=field, few_shot=few_shot_turns(spec)),
-    }
-    if spec.sampling.n > 1:
-        values.update(extra_columns=dict(GENERATE_SAMPLE_COLUMNS), row_hook="jobs.sample_metrics:majority_row")
-    return values
+    def plan_fields(self, spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
+        field = self.prompt_field(spec)
+        values: dict[str, Any] = {
+            # the prompt column is also the checked text column: a row with an empty prompt is an error row
+            "text_field": field,
+            "prompt": PromptPlan(system=spec.prompt.system or "", prompt_field=field, few_shot=few_shot_turns(spec)),
+        }
+        if spec.sampling.n > 1:
+            values.update(extra_columns=dict(GENERATE_SAMPLE_COLUMNS), row_hook="jobs.sample_metrics:majority_row")
+        return values

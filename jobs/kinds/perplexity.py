@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.plan import PromptPlan
+from jobs.kinds.base import JobKind
+from pipeline.plan import PromptPlan, RequestMode
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
@@ -22,24 +23,26 @@ if TYPE_CHECKING:
 COLUMNS = {"nll": "float64", "tokens": "int64", "perplexity": "float64"}
 
 
-def check(spec: JobSpec) -> None:
-    for name in ("system", "template", "prompt_field"):
-        if getattr(spec.prompt, name) is not None:
-            raise ValueError(f"prompt.{name}: kind 'perplexity' scores input.text_field as it is, with no prompt")
-    if spec.prompt.few_shot:
-        raise ValueError("prompt.few_shot: kind 'perplexity' scores input.text_field as it is, with no prompt")
-    clash = set(COLUMNS) & set(spec.input.passthrough)
-    if clash:
-        raise ValueError(f"input.passthrough: {sorted(clash)} clash with the perplexity columns")
+class Perplexity(JobKind):
+    name = "perplexity"
 
+    def check(self, spec: JobSpec) -> None:
+        for name in ("system", "template", "prompt_field"):
+            if getattr(spec.prompt, name) is not None:
+                raise ValueError(f"prompt.{name}: kind 'perplexity' scores input.text_field as it is, with no prompt")
+        if spec.prompt.few_shot:
+            raise ValueError("prompt.few_shot: kind 'perplexity' scores input.text_field as it is, with no prompt")
+        clash = set(COLUMNS) & set(spec.input.passthrough)
+        if clash:
+            raise ValueError(f"input.passthrough: {sorted(clash)} clash with the perplexity columns")
 
-def plan_fields(spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
-    return {
-        "prompt": PromptPlan(prompt_field=spec.input.text_field),  # rendered but unused: the text is scored raw
-        "request_mode": "perplexity",
-        "extra_columns": dict(COLUMNS),
-        "summary_hook": "jobs.kinds.perplexity:summarize",
-    }
+    def plan_fields(self, spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
+        return {
+            "prompt": PromptPlan(prompt_field=spec.input.text_field),  # rendered but unused: the text is scored raw
+            "request_mode": RequestMode.PERPLEXITY,
+            "extra_columns": dict(COLUMNS),
+            "summary_hook": "jobs.kinds.perplexity:summarize",
+        }
 
 
 def summarize(table: pa.Table, options: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from jobs.schedule import parse_schedule
 from jobs.spec_errors import format_errors
 from pipeline.plan import JobPlan
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def spec_data(**overrides: Any) -> dict[str, Any]:

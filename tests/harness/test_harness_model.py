@@ -20,7 +20,7 @@ from lm_eval.api.registry import Registry, get_model  # noqa: E402
 
 from harness.model import TokenmillLM  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MAX_LENGTH = 128  # the second document spans several rolling windows
 
 

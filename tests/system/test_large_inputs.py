@@ -16,7 +16,7 @@ from pipeline_support import csv_bytes, jsonl_bytes, make_plan, parquet_bytes
 from connectors import list_shards, read_manifest, read_parts
 from pipeline.job_runner import run_embedded
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BIG = "word " * 10_000_000  # 50,000,000 bytes
 LINE_LIMIT = 4 * 8_000_000 + (1 << 20)  # the readers' line and CSV field limit for the default 8 MB documents
 

@@ -18,7 +18,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUTSIDE_CONNECTORS = ("engine", "pipeline", "jobs", "service")
 
 STORAGE_MODULES = (

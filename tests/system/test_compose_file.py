@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PASSWORD = "${REDIS_PASSWORD:?set REDIS_PASSWORD}"
 
 

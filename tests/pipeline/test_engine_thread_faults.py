@@ -1,4 +1,4 @@
-"""The worker's engine service under faults and shutdown.
+"""The worker's engine thread under faults and shutdown.
 
 - An engine that dies: the shards it held fail with the reason (transiently, so the fleet
   retries them), the engine is rebuilt, and the service keeps serving.
@@ -18,7 +18,7 @@ from pipeline_support import local_put, make_plan, write_uniform_shards
 from connectors import list_shards, read_parts
 from engine import LLMEngine
 from pipeline import engine_cache
-from pipeline.engine_service import EngineService, ShardHandedBack
+from pipeline.engine_thread import EngineThread, ShardHandedBack
 from pipeline.shard_outcome import ShardOutcome
 
 
@@ -36,7 +36,7 @@ def test_engine_death_fails_its_shards_rebuilds_and_keeps_serving(tmp_path: Path
         return real_step(self)
 
     monkeypatch.setattr(LLMEngine, "step", dying_step)
-    service = EngineService()
+    service = EngineThread()
     failed = service.submit(plan, first, worker="w")
     service.start()
     result = failed.result(timeout=300)
@@ -83,7 +83,7 @@ def test_drain_hands_back_open_shards_when_the_grace_period_is_over(tmp_path: Pa
     # finished within that second on an AMD EPYC (Zen 5) and the shard was reported done.
     plan, shards, _ = _long_plan(tmp_path, tiny_model_dir, "drain0", rows=2000)
     events, mid_shard = _recorder(lambda events: any(e.counts.rows > 0 for e in events))
-    service = EngineService()
+    service = EngineThread()
     futures = [service.submit(plan, shard, on_progress=events.append) for shard in shards[:2]]
     service.start()
     assert mid_shard.wait(120)
@@ -101,7 +101,7 @@ def test_drain_hands_back_open_shards_when_the_grace_period_is_over(tmp_path: Pa
 def test_drain_lets_held_shards_finish_within_the_grace_period(tmp_path: Path, tiny_model_dir) -> None:
     plan, shards, ids = _long_plan(tmp_path, tiny_model_dir, "drain-grace", rows=6)
     events, opened = _recorder(lambda events: {e.index for e in events} == {0, 1})  # both open
-    service = EngineService()
+    service = EngineThread()
     futures = [service.submit(plan, shard, on_progress=events.append) for shard in shards[:2]]
     service.start()
     assert opened.wait(120)
@@ -117,7 +117,7 @@ def test_grace_period_option_reaches_the_shutdown_handler(monkeypatch) -> None:
     from typer.testing import CliRunner
 
     from jobs.cli import app as cli
-    from pipeline import celery_app, engine_service, worker
+    from pipeline import celery_app, engine_thread, worker
 
     monkeypatch.delenv("TOKENMILL_GRACE_PERIOD", raising=False)
     assert celery_app.grace_period_s() == 30.0
@@ -132,7 +132,7 @@ def test_grace_period_option_reaches_the_shutdown_handler(monkeypatch) -> None:
         def drain(self, grace_s: float) -> None:
             drained.append(grace_s)
 
-    monkeypatch.setattr(engine_service, "engine_service", _Service)
+    monkeypatch.setattr(engine_thread, "engine_thread", _Service)
     celery_app._drain_on_shutdown(sig="SIGTERM", how="Warm")
     celery_app._drain_on_shutdown(sig="SIGQUIT", how="Cold")
     assert drained == [7.0, 0.0]

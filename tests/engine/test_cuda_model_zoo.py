@@ -3,7 +3,7 @@ fused-MoE kernels, and whole tiny models of each family on CUDA (Triton attentio
 against HF's float32 greedy tokens.
 
 Skipped without CUDA, and under the Triton interpreter: run alone,
-``TRITON_INTERPRET=0 pytest --noconftest tests/test_cuda_model_zoo.py``.
+``TRITON_INTERPRET=0 pytest --noconftest tests/engine/test_cuda_model_zoo.py``.
 """
 
 from __future__ import annotations

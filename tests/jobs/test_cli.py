@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from connectors import read_parts
 from jobs.cli import app
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BROKER = "redis://127.0.0.1:6379/0"
 RESULT_BACKEND = "redis://127.0.0.1:6379/1"
 WORKER_START_TIMEOUT = 180

@@ -105,7 +105,7 @@ def test_bind_threads_pins_the_calling_thread() -> None:
         "assert os.sched_getaffinity(0) == {cpus[0]}, os.sched_getaffinity(0)\n"
         "assert not bind_threads_to_cores(len(cpus) + 1)\n"
     )
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr

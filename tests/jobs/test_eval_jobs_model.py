@@ -20,7 +20,7 @@ from jobs import JobSpec, run
 from jobs.sample_metrics import pass_at_k
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MODEL = {"name": "smollm2-135m-instruct", "num_kv_blocks": 512}  # one engine for the whole module
 
 

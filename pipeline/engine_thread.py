@@ -67,7 +67,7 @@ def plan_key(plan: JobPlan) -> str:
 class _PlanFeed:
     """The service's queued shards of one plan, as a ``ShardFeed`` for one driver run."""
 
-    def __init__(self, service: EngineService, key: str) -> None:
+    def __init__(self, service: EngineThread, key: str) -> None:
         self.service, self.key = service, key
         self.taken: dict[int, _ShardTask] = {}
         self.closed = False  # set once another plan's shard waits: this run takes no more
@@ -98,8 +98,8 @@ class _PlanFeed:
         return bool(checks) and checks[0]()
 
 
-class EngineService:
-    """``EngineService().run_shard(plan, shard, ...)`` blocks until that shard's ShardOutcome is ready.
+class EngineThread:
+    """``EngineThread().run_shard(plan, shard, ...)`` blocks until that shard's ShardOutcome is ready.
 
     ``cross_shard=False`` gives the old behaviour (drain between shards), for benchmarks.
     """
@@ -239,7 +239,7 @@ class EngineService:
                     task.future.set_result(outcome)
         except BaseException as exc:  # a bug, an engine that cannot be built, a hook calling sys.exit:
             # fail these shards and keep serving; a dead service thread would leave every task waiting
-            log.exception("engine service run failed")
+            log.exception("engine thread run failed")
             reason = f"cannot process: {type(exc).__name__}: {exc}"
             with self._cond:
                 if not feed.taken:  # never got going: the first shard (and its plan's queue) fails
@@ -256,14 +256,14 @@ class EngineService:
             feed.taken.clear()
 
 
-_service: EngineService | None = None
+_engine_thread: EngineThread | None = None
 _service_lock = threading.Lock()
 
 
-def engine_service() -> EngineService:
+def engine_thread() -> EngineThread:
     """This process's service (one engine, one thread)."""
-    global _service
+    global _engine_thread
     with _service_lock:
-        if _service is None:
-            _service = EngineService()
-        return _service
+        if _engine_thread is None:
+            _engine_thread = EngineThread()
+        return _engine_thread

@@ -15,7 +15,7 @@ from pipeline_support import make_plan
 
 from connectors import list_shards, read_manifest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ROWS = 1_000_000
 LONG = 600  # output tokens of the first row (ignore_eos): the engine steps 600 times for it
 # Peak RSS over the size before the job. Measured 2026-11-23 (2 cores, AVX2): see the README's

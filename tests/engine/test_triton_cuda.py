@@ -1,8 +1,8 @@
 """The Triton kernels compiled for a CUDA GPU, against the torch backend on the CPU.
 
 Skipped without CUDA, and under the Triton interpreter (the whole-suite conftest sets
-``TRITON_INTERPRET=1``): run alone, ``TRITON_INTERPRET=0 pytest --noconftest tests/test_triton_cuda.py``.
-Unlike the interpreted tests (tests/test_triton_kernels.py), the shapes are real-model sized:
+``TRITON_INTERPRET=1``): run alone, ``TRITON_INTERPRET=0 pytest --noconftest tests/engine/test_triton_cuda.py``.
+Unlike the interpreted tests (tests/engine/test_triton_kernels.py), the shapes are real-model sized:
 Llama-3.2-1B's 32 query heads over 8 KV heads, contexts past 2,000 tokens, split-K decodes,
 batches of dozens of sequences with shuffled block tables, in float32, bfloat16 and float16.
 """

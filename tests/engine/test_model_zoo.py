@@ -14,7 +14,7 @@ from engine import LLM, SamplingParams
 
 MAX_TOKENS = 12
 # Gemma's 1 + w norms in float32, Phi's partial rotary, the MoE's routing weights: the bfloat16
-# paths the other families share with these or with Llama (tests/test_engine_bf16_matches_hf.py).
+# paths the other families share with these or with Llama (tests/engine/test_engine_bf16_matches_hf.py).
 BF16_FAMILIES = ("gemma3", "phi3", "qwen3-moe")
 
 

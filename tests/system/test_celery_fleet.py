@@ -1,6 +1,6 @@
 """The Celery fleet for real: worker subprocesses on Redis, S3 on loopback, cancellation,
 idempotent redelivery, a broker restart (RabbitMQ and workers killed mid-shard:
-tests/test_faults_fleet.py).
+tests/system/test_faults_fleet.py).
 
 Every run uses its own queue name and Redis key prefix, so stale messages of other
 runs (or other fleets on the same Redis) are never seen, and the short visibility
@@ -36,10 +36,11 @@ from pipeline_support import (
 )
 
 from connectors import list_shards, read_manifest, read_parts, success_marker_exists
-from pipeline.fleet import FINAL_STATES, cancel_job, job_status, submit_job, wait_for_job
+from pipeline.fleet import cancel_job, job_status, submit_job, wait_for_job
 from pipeline.job_state import JobStateStore
+from pipeline.job_status import FINAL_JOB_STATUSES
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 REDIS_BROKER = "redis://127.0.0.1:6379/0"
 RESULT_BACKEND = "redis://127.0.0.1:6379/1"
 RABBIT_BROKER = "amqp://guest:guest@127.0.0.1:5672//"
@@ -268,7 +269,7 @@ def test_end_to_end_redis_s3_two_workers(redis_fleet, s3_server, s3_bucket, tiny
     s3.delete_object(Bucket=s3_bucket, Key="in/zz-missing.jsonl")  # listed, then gone: an unreadable shard
     seen = set()
     deadline = time.monotonic() + JOB_TIMEOUT
-    while (status := job_status(job_id))["status"] not in FINAL_STATES:
+    while (status := job_status(job_id))["status"] not in FINAL_JOB_STATUSES:
         seen.add(status["status"])
         assert time.monotonic() < deadline, f"job stuck: {status}\n{redis_fleet.logs()}"
         time.sleep(0.3)
@@ -348,7 +349,7 @@ def test_cancel_job(redis_fleet, tmp_path, tiny_model_dir) -> None:
     assert sorted(p.name for p in (tmp_path / "out").glob("part-*.parquet")) == done
 
 
-# ---- a worker killed mid-shard: tests/test_faults_fleet.py (threads pool, S3, two shards held) ----
+# ---- a worker killed mid-shard: tests/system/test_faults_fleet.py (threads pool, S3, two shards held) ----
 
 
 def test_threads_worker_builds_its_engine_on_the_service_thread_before_ready(redis_threads_fleet) -> None:

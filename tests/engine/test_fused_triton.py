@@ -3,7 +3,7 @@
 On CPU they run under the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET=1 before
 triton is imported), which truncates float32 -> bfloat16 where a GPU rounds to nearest, so
 bfloat16 is compared within tolerance there; on a CUDA machine run without it they are compiled:
-``TRITON_INTERPRET=0 pytest --noconftest tests/test_fused_triton.py``.
+``TRITON_INTERPRET=0 pytest --noconftest tests/engine/test_fused_triton.py``.
 """
 
 from __future__ import annotations

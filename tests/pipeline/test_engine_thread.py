@@ -1,4 +1,4 @@
-"""The worker's engine service: shard tasks from several threads feed one engine, and the
+"""The worker's engine thread: shard tasks from several threads feed one engine, and the
 next shard is admitted while the previous one still decodes (fleet cross-shard feeding)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from pipeline_support import local_put, make_plan, write_uniform_shards
 
 from connectors import list_shards, read_parts
-from pipeline.engine_service import EngineService, _PlanFeed, _ShardTask
+from pipeline.engine_thread import EngineThread, _PlanFeed, _ShardTask
 from pipeline.shard_driver import ShardDriver
 from pipeline.shard_outcome import ShardOutcome
 
@@ -32,7 +32,7 @@ def test_next_shard_is_admitted_while_the_previous_one_decodes(tmp_path: Path, t
     ids = write_uniform_shards(local_put(inp), count=3, rows=5)
     plan = make_plan(str(inp), str(out), tiny_model_dir, job_id=f"svc-{cross_shard}",
                      sampling={"max_tokens": 8, "temperature": 0.0, "ignore_eos": True})
-    service = EngineService(cross_shard=cross_shard)
+    service = EngineThread(cross_shard=cross_shard)
     log: list[tuple[int, str]] = []
     futures = [service.submit(plan, shard, on_progress=_events(log)) for shard in list_shards(plan.input_url)]
     service.start()  # all three tasks are waiting, as under a worker's thread pool
@@ -56,7 +56,7 @@ def test_plans_take_turns_and_a_broken_plan_fails_only_its_shards(tmp_path: Path
     broken = make_plan(str(tmp_path / "a" / "in"), str(tmp_path / "broken-out"), tiny_model_dir,
                        job_id="svc-broken", engine={"model": str(tmp_path / "no-such-model")})
 
-    service = EngineService()
+    service = EngineThread()
     (plan_a, shards_a, ids_a), (plan_b, shards_b, ids_b) = runs["a"], runs["b"]
     order = [(plan_a, shards_a[0]), (plan_b, shards_b[0]), (broken, shards_a[0]), (plan_a, shards_a[1]),
              (plan_b, shards_b[1])]
@@ -78,7 +78,7 @@ def test_a_duplicate_delivery_waits_for_the_first_copy_and_is_skipped(tmp_path: 
     ids = write_uniform_shards(local_put(inp), count=1, rows=4)
     plan = make_plan(str(inp), str(out), tiny_model_dir, job_id="svc-dup")
     (shard,) = list_shards(plan.input_url)
-    service = EngineService()
+    service = EngineThread()
     futures = [service.submit(plan, shard), service.submit(plan, shard)]
     service.start()
     first, second = (f.result(timeout=300) for f in futures)
@@ -106,7 +106,7 @@ def test_a_run_that_dies_fails_its_shards_and_the_service_keeps_serving(
         real_step(self)
 
     monkeypatch.setattr(ShardDriver, "_step", step_once_exits)
-    service = EngineService()
+    service = EngineThread()
     failed = service.submit(plan, first)
     service.start()
     assert failed.result(timeout=300).reason == "cannot process: SystemExit: hook called exit"
@@ -115,7 +115,7 @@ def test_a_run_that_dies_fails_its_shards_and_the_service_keeps_serving(
 
 
 def test_cancel_is_asked_through_any_task_of_the_run() -> None:
-    feed = _PlanFeed(EngineService(), "k")
+    feed = _PlanFeed(EngineThread(), "k")
 
     def task(index: int, should_stop) -> _ShardTask:
         return _ShardTask(None, "k", None, None, should_stop, "w", None)  # type: ignore[arg-type]
