@@ -37,6 +37,14 @@ class SeaweedServer(S3Server):
         self.log: Path | None = None
 
     def start(self) -> None:
+        for attempt in range(2):  # a volume server that never registers gets one fresh start
+            try:
+                return self._start()
+            except Exception:
+                if attempt:
+                    raise
+
+    def _start(self) -> None:
         if self.running:
             return
         binary = weed_binary()
@@ -54,7 +62,7 @@ class SeaweedServer(S3Server):
             f"-volume.port={ports['volume']}", f"-volume.port.grpc={ports['volume.grpc']}",
             "-filer", f"-filer.port={ports['filer']}", f"-filer.port.grpc={ports['filer.grpc']}",
             "-s3", f"-s3.port={self.port}", f"-s3.port.grpc={ports['s3.grpc']}",
-            "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=64", "-volume.max=20",
+            "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=64", "-volume.max=300",
         ]
         self.proc = subprocess.Popen(args, stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
@@ -62,13 +70,22 @@ class SeaweedServer(S3Server):
         deadline = time.monotonic() + 60
         while True:  # the gateway listens before its filer and volume server have registered
             try:
-                self.client().list_buckets()
+                self._probe_write()
                 return
             except Exception:
                 if time.monotonic() > deadline or not self.running:
                     self.stop()
                     raise
                 time.sleep(0.2)
+
+    def _probe_write(self) -> None:
+        """Ready means an object can be written, not only listed: the filer answers as soon as it
+        is up, while writes fail with InternalError until a volume server has registered (and for
+        good if its port was taken in the meantime; then the deadline restarts it)."""
+        client = self.client()
+        if "tm-ready" not in {b["Name"] for b in client.list_buckets()["Buckets"]}:
+            client.create_bucket(Bucket="tm-ready")
+        client.put_object(Bucket="tm-ready", Key="probe", Body=b"ok")
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
