@@ -112,8 +112,9 @@ def new_engine(args, dtype: str, wl) -> LLM:
     llm = LLM(args.model, dtype=dtype, max_num_batched_tokens=args.max_batched_tokens,
               kv_cache_memory_gb=args.kv_gb)
     # Warm-up: spreads of batch sizes and prompt lengths before anything is timed.
-    llm.generate([p[: 48 + 16 * i] for i, p in enumerate(wl.prompts[:12])],
-                 [SamplingParams(max_tokens=2 + 3 * i, temperature=0) for i in range(12)])
+    warm = wl.prompts[:12]
+    llm.generate([p[: 48 + 16 * i] for i, p in enumerate(warm)],
+                 [SamplingParams(max_tokens=2 + 3 * i, temperature=0) for i in range(len(warm))])
     return llm
 
 

@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import sysinfo  # noqa: E402
 import workload as workload_mod  # noqa: E402
 
-import engine.llm_engine as llm_engine  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 from engine.model_registry import DEFAULT_MODEL  # noqa: E402
 
@@ -47,48 +46,7 @@ def main() -> None:
     llm.generate([p[:48 + 16 * i] for i, p in enumerate(wl.prompts[:12])],
                  [SamplingParams(max_tokens=2 + 3 * i, temperature=0) for i in range(12)])
 
-    seconds: dict[str, float] = collections.defaultdict(float)
-
-    def timed(name, fn):
-        def wrapper(*a, **k):
-            t = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                seconds[name] += time.perf_counter() - t
-        return wrapper
-
-    engine = llm.engine
-    runner, model, backend = engine.runner, engine.runner.model, engine.runner.backend
-    runner.prepare = timed("build step tensors", runner.prepare)
-    engine.scheduler.schedule = timed("schedule", engine.scheduler.schedule)
-    llm_engine.sample = timed("sample", llm_engine.sample)
-    model.forward = timed("model forward (all below)", model.forward)
-    model.lm_head.forward = timed("  LM head", model.lm_head.forward)
-    backend.write_kv = timed("  KV write", backend.write_kv)
-    backend._decode = timed("  decode attention", backend._decode)
-    backend._prefill_one = timed("  prefill attention", backend._prefill_one)
-    model.rotary.rotate_ = timed("  rotary", model.rotary.rotate_)
-    for layer in model.layers:
-        layer.mlp.forward = timed("  MLP", layer.mlp.forward)
-        layer.self_attn.qkv_proj.forward = timed("  QKV projection", layer.self_attn.qkv_proj.forward)
-        layer.self_attn.o_proj.forward = timed("  output projection", layer.self_attn.o_proj.forward)
-        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-            norm.forward = timed("  RMSNorm (+ residual add)", norm.forward)
-
-    steps: list[tuple[int, int, float]] = []  # (decode rows, prompt tokens, seconds) per forward pass
-    execute = runner.execute
-
-    def timed_execute(batch):
-        t = time.perf_counter()
-        try:
-            return execute(batch)
-        finally:
-            decodes = sum(1 for it in batch.items if it.num_new_tokens == 1 and it.num_computed_tokens > 0)
-            prompt = sum(it.num_new_tokens for it in batch.items) - decodes
-            steps.append((decodes, prompt, time.perf_counter() - t))
-
-    runner.execute = timed_execute
+    seconds, steps = instrument(llm)
     params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in wl.max_tokens]
     t = time.perf_counter()
     llm.generate(wl.prompts, params)
@@ -111,6 +69,61 @@ def main() -> None:
             "machine": sysinfo.cpu_info(), "requests": args.requests, "dtype": args.dtype, "wall_s": wall,
             "output_tok_s": wl.output_tokens / wall, "steps": stats["steps"],
             "parts_s": {name.strip(): s for name, s in parts}, "passes_by_size": table}, indent=1))
+
+
+def instrument(llm: LLM) -> tuple[dict[str, float], list[tuple[int, int, float]]]:
+    """Wrap the engine's phases and the model's modules with wall-clock timers (for good: use a
+    separate engine for clean timings). Returns the live ``seconds`` per part and the list each
+    forward pass appends ``(decode rows, prompt tokens, seconds)`` to."""
+    seconds: dict[str, float] = collections.defaultdict(float)
+
+    def timed(name, fn):
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                seconds[name] += time.perf_counter() - t
+        return wrapper
+
+    engine = llm.engine
+    runner, model, backend = engine.runner, engine.runner.model, engine.runner.backend
+    runner.prepare = timed("build step tensors", runner.prepare)
+    engine.scheduler.schedule = timed("schedule", engine.scheduler.schedule)
+    engine._sample = timed("sample", engine._sample)
+    model.forward = timed("model forward (all below)", model.forward)
+    model.lm_head.forward = timed("  LM head", model.lm_head.forward)
+    backend.write_kv = timed("  KV write", backend.write_kv)
+    backend._decode = timed("  decode attention", backend._decode)
+    backend._prefill_one = timed("  prefill attention", backend._prefill_one)
+    if getattr(backend, "prefill_kernel_fn", None) is not None:  # the C prefill kernel, where it runs
+        backend.prefill_kernel_fn = timed("  prefill attention", backend.prefill_kernel_fn)
+    for rotary in (getattr(model, "rotary", None), getattr(model, "rotary_local", None)):
+        if rotary is not None:
+            rotary.rotate_ = timed("  rotary", rotary.rotate_)
+    for layer in model.layers:
+        mlp = layer.mlp
+        mlp.forward = timed("  MoE (router + experts)" if hasattr(mlp, "experts") else "  MLP", mlp.forward)
+        layer.self_attn.qkv_proj.forward = timed("  QKV projection", layer.self_attn.qkv_proj.forward)
+        layer.self_attn.o_proj.forward = timed("  output projection", layer.self_attn.o_proj.forward)
+        for name, norm in layer.named_children():
+            if name.endswith("layernorm"):
+                norm.forward = timed("  RMSNorm (+ residual add)", norm.forward)
+
+    steps: list[tuple[int, int, float]] = []  # (decode rows, prompt tokens, seconds) per forward pass
+    execute = runner.execute
+
+    def timed_execute(batch):
+        t = time.perf_counter()
+        try:
+            return execute(batch)
+        finally:
+            decodes = sum(1 for it in batch.items if it.num_new_tokens == 1 and it.num_computed_tokens > 0)
+            prompt = sum(it.num_new_tokens for it in batch.items) - decodes
+            steps.append((decodes, prompt, time.perf_counter() - t))
+
+    runner.execute = timed_execute
+    return seconds, steps
 
 
 def step_table(steps: list[tuple[int, int, float]]) -> list[dict]:

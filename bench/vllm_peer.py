@@ -35,8 +35,9 @@ def main() -> None:
     llm = LLM(args.model, dtype=args.dtype, seed=0)
     startup = time.perf_counter() - t
     warm = next(iter(workloads.values()))
-    llm.generate([TokensPrompt(prompt_token_ids=p[: 48 + 16 * i]) for i, p in enumerate(warm["prompts"][:12])],
-                 [SamplingParams(max_tokens=2 + 3 * i, temperature=0) for i in range(12)], use_tqdm=False)
+    warm = warm["prompts"][:12]
+    llm.generate([TokensPrompt(prompt_token_ids=p[: 48 + 16 * i]) for i, p in enumerate(warm)],
+                 [SamplingParams(max_tokens=2 + 3 * i, temperature=0) for i in range(len(warm))], use_tqdm=False)
     info = {"vllm": vllm.__version__, "torch": torch.__version__, "startup_s": startup,
             "omp_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"), "kv_space_gb": os.environ.get("VLLM_CPU_KVCACHE_SPACE")}
     print("READY " + json.dumps(info), flush=True)
