@@ -23,6 +23,7 @@ class EngineStats:
     forked_samples: int = 0  # samples 1..n-1 of n > 1 requests, forked from sample 0
     fork_shared_blocks: int = 0  # full prompt KV blocks those samples share instead of recomputing
     fork_copied_blocks: int = 0  # partial last blocks copied for them
+    _waste_measured_at: int = 0  # used blocks when kv_waste_at_peak was last measured
 
     def on_fork(self, shared_blocks: int, copied: object | None) -> None:
         self.forked_samples += 1
@@ -39,12 +40,17 @@ class EngineStats:
         self.prompt_tokens_computed += batch.num_prompt_tokens  # recomputed outputs of preempted ones too
 
     def on_computed(self, scheduler: Scheduler, bm: BlockManager) -> None:
-        """After the forward pass, before finished sequences free their blocks."""
+        """After the forward pass, before finished sequences free their blocks. The waste is a
+        loop over the running sequences, so it is measured when the peak has grown by 1/16 of
+        itself since it was last measured (a few hundred times in a run, not at every step of a
+        growing batch)."""
         used = bm.num_used_blocks
         if used > self.peak_used_blocks:
             self.peak_used_blocks = used
-            unfilled = sum(bm.unfilled_slots(s) for s in scheduler.running)
-            self.kv_waste_at_peak = unfilled / (used * self.block_size) if used else 0.0
+            if used >= self._waste_measured_at + max(1, self._waste_measured_at // 16):
+                self._waste_measured_at = used
+                unfilled = sum(bm.unfilled_slots(s) for s in scheduler.running)
+                self.kv_waste_at_peak = unfilled / (used * self.block_size)
 
     def as_dict(self, scheduler: Scheduler, bm: BlockManager) -> dict[str, Any]:
         return {
