@@ -8,6 +8,15 @@ file names, Parquet footer keys, JSONL serialisation.
 from connectors.checkpoints import LoadedChunk, ShardCheckpoint, checkpoint_url
 from connectors.credentials import CredentialError, literal_credentials
 from connectors.jsonl_files import file_set_is_current, holds_text, read_lines, write_file_set
+from connectors.lease import (
+    Lease,
+    OutputLeased,
+    acquire_lease,
+    check_lease,
+    read_lease,
+    release_lease,
+    renew_lease,
+)
 from connectors.manifest import (
     read_manifest,
     remove_success_marker,
@@ -48,15 +57,19 @@ from connectors.storage import (
 
 __all__ = [
     "CredentialError",
+    "Lease",
     "LoadedChunk",
     "MergedLines",
+    "OutputLeased",
     "PartId",
     "PartWriter",
     "Record",
-    "ShardReadError",
     "ShardCheckpoint",
+    "ShardReadError",
     "ShardRef",
     "StorageError",
+    "acquire_lease",
+    "check_lease",
     "checkpoint_url",
     "detect_format",
     "file_set_is_current",
@@ -74,6 +87,7 @@ __all__ = [
     "part_name",
     "part_url",
     "public_url",
+    "read_lease",
     "read_lines",
     "read_manifest",
     "read_part_columns",
@@ -83,8 +97,10 @@ __all__ = [
     "read_part_result",
     "read_parts",
     "read_records",
+    "release_lease",
     "remove_stale_parts",
     "remove_success_marker",
+    "renew_lease",
     "success_marker_exists",
     "with_retries",
     "write_bytes",
