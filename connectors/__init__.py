@@ -42,7 +42,16 @@ from connectors.parquet_sink import (
     remove_stale_parts,
     write_part,
 )
-from connectors.part_lines import MergedLines, merge_part_lines, part_lines_url, write_part_lines
+from connectors.part_identity import read_part_commit
+from connectors.part_lines import (
+    MergedLines,
+    encode_part_lines,
+    lines_sha256,
+    merge_part_lines,
+    part_lines_are_current,
+    part_lines_url,
+    write_part_lines,
+)
 from connectors.records import Record, ShardReadError, read_records
 from connectors.shards import ShardRef, detect_format, list_shards
 from connectors.storage import (
@@ -72,17 +81,20 @@ __all__ = [
     "check_lease",
     "checkpoint_url",
     "detect_format",
+    "encode_part_lines",
     "file_set_is_current",
     "filesystem_for",
     "has_userinfo",
     "holds_text",
     "is_transient",
     "join_url",
+    "lines_sha256",
     "list_shards",
     "literal_credentials",
     "merge_part_lines",
     "part_id_of",
     "part_is_current",
+    "part_lines_are_current",
     "part_lines_url",
     "part_name",
     "part_url",
@@ -91,6 +103,7 @@ __all__ = [
     "read_lines",
     "read_manifest",
     "read_part_columns",
+    "read_part_commit",
     "read_part_footer",
     "read_part_head",
     "read_part_if_any",
