@@ -19,6 +19,7 @@ import posixpath
 import re
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterable
 from typing import IO, Any
 
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 
 FINGERPRINT_KEY = b"tokenmill.fingerprint"
 RESULT_KEY = b"tokenmill.result"
+COMMIT_KEY = b"tokenmill.commit"  # a fresh id per write: the part's identity beyond its name
+LINES_KEY = b"tokenmill.lines_sha256"  # the digest of the part's JSON lines, written after it
 COPY_CHUNK = 1 << 20
 _PART_FILE = re.compile(r"^part-([A-Za-z0-9_-]+)\.[a-z]+$")
 # What the pipeline writes (part ids, and the numbered parts of earlier versions): the only
@@ -106,6 +109,7 @@ class PartWriter:
     ) -> None:
         self.url = part_url(output_url, part)
         self.storage_options = storage_options
+        self.commit_id = uuid.uuid4().hex
         fd, self._local = tempfile.mkstemp(prefix=f"tokenmill-{part_name(part)}-", suffix=".tmp")
         os.close(fd)
         self._writer: pq.ParquetWriter | None = None
@@ -119,9 +123,13 @@ class PartWriter:
         assert self._writer is not None, "part already committed or aborted"
         self._writer.write_table(table)
 
-    def commit_with_result(self, result: dict[str, Any]) -> str:
-        """``commit`` with the shard's ``result`` (JSON-safe, read back by ``read_part_result``) in the footer."""
-        return self.commit({RESULT_KEY: json.dumps(result).encode("utf-8")})
+    def commit_with_result(self, result: dict[str, Any], lines_sha256: str | None = None) -> str:
+        """``commit`` with the shard's ``result`` (JSON-safe, read back by ``read_part_result``), this
+        write's ``commit_id`` and the digest of the part's JSON lines (if any) in the footer."""
+        metadata = {RESULT_KEY: json.dumps(result).encode("utf-8"), COMMIT_KEY: self.commit_id.encode("ascii")}
+        if lines_sha256 is not None:
+            metadata[LINES_KEY] = lines_sha256.encode("ascii")
+        return self.commit(metadata)
 
     def commit(self, metadata: dict[bytes, bytes] | None = None) -> str:
         """Finish the file with ``metadata`` in its footer and move it to the part's URL."""

@@ -5,18 +5,23 @@ per part, with the part: parts are written by different workers and a re-process
 must rewrite its own file, not append to a shared one. When the job is complete its
 summary merges the files of the parts it names, in that order, into one file of the
 output folder; a line file left by an input that is gone is never merged.
+
+A part's lines are written only after its Parquet part is committed (a part that fails
+leaves no new lines behind); the part's footer holds their SHA-256, so a part whose lines
+did not follow (the writer died in between) is not current and is written again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
 from connectors.atomic import atomic_write
-from connectors.manifest import write_text
-from connectors.parquet_sink import PartId, part_name
+from connectors.manifest import read_optional_bytes, write_bytes
+from connectors.parquet_sink import LINES_KEY, PartId, part_name, read_part_footer
 from connectors.storage import filesystem_for, join_url
 
 LINES_EXT = "jsonl"
@@ -36,14 +41,29 @@ def part_lines_url(output_url: str, part: PartId) -> str:
     return join_url(output_url, part_name(part, LINES_EXT))
 
 
-def write_part_lines(
-    output_url: str, part: PartId, lines: list[dict[str, Any]], storage_options: dict | None = None
-) -> str:
-    """The part's line file, one JSON object per line (atomically replaced); returns its URL."""
+def encode_part_lines(lines: list[dict[str, Any]]) -> bytes:
+    """The line file's bytes: one JSON object per line."""
+    return "".join(json.dumps(line, ensure_ascii=False, default=str) + "\n" for line in lines).encode("utf-8")
+
+
+def lines_sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_part_lines(output_url: str, part: PartId, data: bytes, storage_options: dict | None = None) -> str:
+    """The part's line file (``encode_part_lines``), atomically replaced; returns its URL."""
     url = part_lines_url(output_url, part)
-    text = "".join(json.dumps(line, ensure_ascii=False, default=str) + "\n" for line in lines)
-    write_text(url, text, storage_options)
+    write_bytes(url, data, storage_options)
     return url
+
+
+def part_lines_are_current(output_url: str, part: PartId, storage_options: dict | None = None) -> bool:
+    """Whether the part's line file is the one its footer names (its SHA-256)."""
+    expected = read_part_footer(output_url, part, storage_options).get(LINES_KEY)
+    if expected is None:
+        return False
+    data = read_optional_bytes(part_lines_url(output_url, part), storage_options)
+    return data is not None and lines_sha256(data).encode("ascii") == expected
 
 
 def merge_part_lines(

@@ -55,11 +55,13 @@ def run(
     setup_logging()
     spec = load_spec(spec_path)
     plan = plan_or_exit(spec, job_id)
-    from connectors import StorageError
+    from connectors import OutputLeased, StorageError
     from pipeline.job_runner import run_embedded
 
     try:
         manifest = run_embedded(plan, progress=progress and not as_json)
+    except OutputLeased as exc:
+        fail(f"output busy: {exc}")
     except StorageError as exc:
         fail(f"input error: {exc}")
     extra = {f"report ({k})": v for k, v in (manifest.get("report") or {}).items()}
@@ -86,11 +88,13 @@ def submit(
     use_broker(broker)
     spec = load_spec(spec_path)
     plan = plan_or_exit(spec, job_id)
-    from connectors import CredentialError, StorageError
+    from connectors import CredentialError, OutputLeased, StorageError
     from pipeline.fleet import submit_job
 
     try:
         print(submit_job(plan, broker, queue=queue))
+    except OutputLeased as exc:
+        fail(f"output busy: {exc}")
     except StorageError as exc:
         fail(f"input error: {exc}")
     except CredentialError as exc:

@@ -21,6 +21,7 @@ from celery import Celery, chord
 
 from connectors import (
     CredentialError,
+    ShardRef,
     has_userinfo,
     list_shards,
     literal_credentials,
@@ -29,6 +30,7 @@ from pipeline.celery_app import DEFAULT_BROKER_URL, DEFAULT_QUEUE, DEFAULT_RESUL
 from pipeline.job_state import JobStateStore
 from pipeline.job_status import FINAL_JOB_STATUSES, JobStatus
 from pipeline.manifest import public_url, utc_now
+from pipeline.output_lease import FLEET_TTL_S, release_output, take_output
 from pipeline.plan import JobPlan
 from pipeline.publish import begin_output
 from pipeline.shard_outcome import FINAL_SHARD_STATES, ShardState
@@ -84,13 +86,26 @@ def submit_job(
 ) -> str:
     """List the input shards and queue one task per shard plus the finalizer; returns the job id.
 
-    An earlier run's ``_SUCCESS`` is removed before anything is queued. ``redis_key_prefix``
+    The job takes the output's lease first (``OutputLeased`` names a live run holding it); an
+    earlier run's ``_SUCCESS`` is removed before anything is queued. ``redis_key_prefix``
     must match the workers' TOKENMILL_REDIS_KEY_PREFIX (default: this process's environment)."""
     check_no_secrets(plan)
     shards = list_shards(
         plan.input_url, format=plan.input_format, storage_options=plan.storage_options,
         split_row_groups=plan.split_row_groups,
     )
+    take_output(plan, "fleet job", FLEET_TTL_S)
+    try:
+        return _queue_job(plan, shards, broker_url, result_backend, queue, state_url, redis_key_prefix)
+    except BaseException:
+        release_output(plan)
+        raise
+
+
+def _queue_job(
+    plan: JobPlan, shards: list[ShardRef], broker_url: str | None, result_backend: str | None, queue: str | None,
+    state_url: str | None, redis_key_prefix: str | None,
+) -> str:
     app = _client_app(broker_url, result_backend, queue, redis_key_prefix)
     queue_name = app.conf.task_default_queue
     store = JobStateStore(state_url)

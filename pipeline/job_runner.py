@@ -1,8 +1,9 @@
 """Embedded mode: run a whole job in this process, no broker needed.
 
 All shards go through one ShardDriver, so the engine stays full across shard
-boundaries. An earlier run's ``_SUCCESS`` is removed before any part is replaced; the
-manifest is written at the end, ``_SUCCESS`` only when it says succeeded.
+boundaries. The run holds the output's lease throughout (a second run on the output is
+refused, naming this one). An earlier run's ``_SUCCESS`` is removed before any part is
+replaced; the manifest is written at the end, ``_SUCCESS`` only when it says succeeded.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from engine import LLMEngine
 from pipeline.engine_cache import get_engine, rebuild_engine
 from pipeline.manifest import build_manifest, engine_delta, utc_now
 from pipeline.metrics import step_observer
+from pipeline.output_lease import holding_output
 from pipeline.plan import JobPlan
 from pipeline.progress import RunProgress
 from pipeline.publish import begin_output, publish
@@ -47,28 +49,29 @@ def run_embedded(
         plan.input_url, format=plan.input_format, storage_options=plan.storage_options,
         split_row_groups=plan.split_row_groups,
     )
-    begin_output(plan)
-    engine = engine or get_engine(plan.engine)
-    before = engine.stats()
-    driver = ShardDriver(
-        engine, plan, cross_shard=cross_shard, should_stop=should_stop,
-        engine_factory=lambda: rebuild_engine(plan.engine), on_step=step_observer(plan),
-    )
-    outcomes: list[ShardOutcome] = []
-    with RunProgress(len(shards), engine, enabled=progress) as bar:
-        driver.on_progress = bar if on_progress is None else (lambda p: (bar(p), on_progress(p)))
-        for outcome in driver.run(shards):
-            if outcome.state == ShardState.FAILED:
-                log.warning("shard %d (%s) failed: %s", outcome.index, outcome.url, outcome.reason)
-            outcomes.append(outcome)
-    elapsed = time.perf_counter() - t0
-    stats = engine_delta(before, driver.engine.stats())
-    manifest = build_manifest(
-        plan, outcomes, mode="embedded", started_at=started_at, elapsed_s=elapsed, engine_stats=stats,
-        summary=run_summary_hook(plan, outcomes),
-    )
-    report = run_report_hook(plan, manifest)
-    if report:
-        manifest["report"] = report
-    publish(plan, manifest, outcomes)
+    with holding_output(plan):
+        begin_output(plan)
+        engine = engine or get_engine(plan.engine)
+        before = engine.stats()
+        driver = ShardDriver(
+            engine, plan, cross_shard=cross_shard, should_stop=should_stop,
+            engine_factory=lambda: rebuild_engine(plan.engine), on_step=step_observer(plan),
+        )
+        outcomes: list[ShardOutcome] = []
+        with RunProgress(len(shards), engine, enabled=progress) as bar:
+            driver.on_progress = bar if on_progress is None else (lambda p: (bar(p), on_progress(p)))
+            for outcome in driver.run(shards):
+                if outcome.state == ShardState.FAILED:
+                    log.warning("shard %d (%s) failed: %s", outcome.index, outcome.url, outcome.reason)
+                outcomes.append(outcome)
+        elapsed = time.perf_counter() - t0
+        stats = engine_delta(before, driver.engine.stats())
+        manifest = build_manifest(
+            plan, outcomes, mode="embedded", started_at=started_at, elapsed_s=elapsed, engine_stats=stats,
+            summary=run_summary_hook(plan, outcomes),
+        )
+        report = run_report_hook(plan, manifest)
+        if report:
+            manifest["report"] = report
+        publish(plan, manifest, outcomes)
     return manifest

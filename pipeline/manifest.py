@@ -12,7 +12,8 @@ too) lose any ``user:password@`` part.
 The manifest is the authority on which parts belong to the job: each shard names its
 part (``part-<id>.parquet``, an id that does not move when other inputs come and go) and
 ``parts`` lists those of done and skipped shards, in shard order. Readers take the parts
-listed there, not whatever ``part-*`` files the folder holds.
+listed there, not whatever ``part-*`` files the folder holds. ``part_commit`` is the id in
+each part's footer (its identity beyond the name): a part another run replaced has another.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 _SHARD_FIELDS = (
     "index", "url", "part", "status", "rows", "errors", "reason", "prompt_tokens", "output_tokens",
-    "cached_prompt_tokens", "seconds", "worker", "rows_resumed", "rows_reused", "rows_shared",
+    "cached_prompt_tokens", "seconds", "worker", "rows_resumed", "rows_reused", "rows_shared", "part_commit",
 )
 _COUNTERS = (
     "prompt_tokens_computed", "decode_tokens", "prefix_cache_query_tokens", "prefix_cache_hit_tokens",

@@ -5,16 +5,19 @@ prompt was killed after rewriting 2 of 6 parts. Its manifest (run 1's) says succ
 6/6 done, but only 4 parts are run 1's and none is complete for the new spec. So a shard is
 ``done`` only when its part is current for this plan (its footer fingerprint), the manifest
 speaks only when it records this plan (``plan``) and ``succeeded`` needs ``_SUCCESS`` too;
-otherwise the status is ``incomplete``, with the current parts counted.
+otherwise the status is ``incomplete``, with the current parts counted. A part whose
+footer commit id is not the one the manifest recorded was replaced by another run: its
+shard is not ``done`` and the status is ``incomplete``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from connectors import list_shards, part_is_current, read_manifest, success_marker_exists
+from connectors import list_shards, part_is_current, read_manifest, read_part_commit, success_marker_exists
 from pipeline.manifest import public_url
 from pipeline.plan import JobPlan
+from pipeline.publish import replaced_reason
 from pipeline.shard_outcome import FINAL_SHARD_STATES, PART_STATES, ShardState
 
 NOT_CURRENT = "no part for this spec's plan"
@@ -30,11 +33,15 @@ def status_from_output(plan: JobPlan) -> dict[str, Any]:
     ours = manifest is not None and (
         manifest["plan"] == plan.plan_digest() if "plan" in manifest else all(current.values()))
     recorded = {s["url"]: s for s in manifest["shards"]} if ours else {}
-    rows = []
+    rows, replaced = [], False
     for s in listed:
         entry = recorded.get(public_url(s.url), {})
         state = entry.get("status") if entry else None
-        if current[s.index]:
+        wrote = entry.get("part_commit") if current[s.index] else None
+        found = read_part_commit(plan.output_url, s.part_id, options) if wrote else None
+        if wrote and found != wrote:
+            replaced, state, entry = True, "queued", {"reason": replaced_reason(found, wrote)}
+        elif current[s.index]:
             state = state if state in PART_STATES else ShardState.DONE.value
         elif state not in ("failed", "cancelled"):
             state, entry = "queued", {"reason": NOT_CURRENT}
@@ -43,7 +50,7 @@ def status_from_output(plan: JobPlan) -> dict[str, Any]:
                      "reason": entry.get("reason"), "worker": entry.get("worker")})
     if manifest is None:
         status = "unknown"
-    elif not ours or (manifest["status"] == "succeeded" and not success_marker_exists(plan.output_url, options)):
+    elif not ours or replaced or (manifest["status"] == "succeeded" and not success_marker_exists(plan.output_url, options)):
         status = "incomplete"
     else:
         status = manifest["status"]

@@ -4,8 +4,9 @@ Rows finish in any order (short answers overtake long ones); the part holds them
 input order. Finished rows wait here until they continue the part's prefix, and are
 appended ("spooled") to the part's local file in runs of a useful length, so a
 million-row shard holds a few thousand rows in memory, not a million. ``commit`` hands
-connectors the OpenAI lines (if any), the last rows and the shard's counts, and has the
-part moved into place; until then no reader sees it. A shard whose part cannot be
+connectors the last rows and the shard's counts, and has the part moved into place; until
+then no reader sees it. The OpenAI lines (if any) follow only once the part is committed,
+never ahead of a part that may still fail (the part's footer holds their digest). A shard whose part cannot be
 written is ``abandoned``: its rows are dropped and nothing is committed.
 
 Checkpoints (``plan.checkpoint_rows`` / ``checkpoint_seconds``): every so often the rows
@@ -25,7 +26,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors import PartWriter, ShardCheckpoint, ShardRef, is_transient, write_part_lines
+from connectors import (
+    PartWriter,
+    ShardCheckpoint,
+    ShardRef,
+    encode_part_lines,
+    is_transient,
+    lines_sha256,
+    write_part_lines,
+)
 from pipeline.output_schema import rows_to_table
 from pipeline.plan import JobPlan
 from pipeline.shard_outcome import ShardCounts
@@ -45,6 +54,7 @@ class PartSink:
         self.writer: PartWriter | None = None
         self.counts = ShardCounts()
         self.failed: str | None = None  # why the part is abandoned
+        self.commit_id: str | None = None  # the committed part's identity (its footer's commit id)
         self.transient = False
         self.checkpoint: ShardCheckpoint | None = None
         if plan.checkpoints:
@@ -178,24 +188,31 @@ class PartSink:
             self.writer = None
 
     def commit(self) -> None:
-        """Write the OpenAI lines, the rows not yet spooled and the footer, and publish the part.
+        """Write the rows not yet spooled and the footer, publish the part, then its OpenAI lines.
         On failure the part is abandoned (``failed`` says why); nothing half-written stays."""
         if self.failed is not None:
             return
+        lines, digest = None, None
+        if self.plan.openai_output:
+            lines = encode_part_lines([self.openai_lines[n] for n in sorted(self.openai_lines)])
+            digest = lines_sha256(lines)
         try:
-            if self.plan.openai_output:
-                lines = [self.openai_lines[n] for n in sorted(self.openai_lines)]
-                write_part_lines(self.plan.output_url, self.ref.part_id, lines, self.plan.output_options)
             self.spool()
             if self.failed is not None:
                 return
             assert self.writer is not None and not self.rows, "every read row is spooled by now"
-            self.writer.commit_with_result(self.counts.to_dict())  # commit closes the writer and its local file
+            commit_id = self.writer.commit_id
+            self.writer.commit_with_result(self.counts.to_dict(), digest)  # closes the writer and its local file
             self.writer = None
+            self.commit_id = commit_id
+            what = "the output part's JSON lines"
+            if lines is not None:  # after the part: a failed part leaves no new lines
+                write_part_lines(self.plan.output_url, self.ref.part_id, lines, self.plan.output_options)
         except Exception as exc:
             self.discard()
-            log.exception("cannot write part %s", self.ref.part_id)
-            self.failed = f"cannot write the output part: {type(exc).__name__}: {exc}"
+            what = "the output part" if self.commit_id is None else what
+            log.exception("cannot write %s %s", what, self.ref.part_id)
+            self.failed = f"cannot write {what}: {type(exc).__name__}: {exc}"
             self.transient = is_transient(exc)
             return
         if self.checkpoint is not None:

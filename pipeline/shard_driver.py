@@ -136,7 +136,8 @@ class ShardDriver:
                         started = time.perf_counter()
                         shard = open_shard(self.plan, ref, self.schema, self.read_batch)
                         if isinstance(shard, ShardEnd):
-                            yield self._outcome(ref, shard.state, started, shard.counts, shard.reason, shard.transient)
+                            yield self._outcome(ref, shard.state, started, shard.counts, shard.reason, shard.transient,
+                                                part_commit=shard.part_commit)
                         else:
                             opened.append(shard)
                             self._notify(shard.progress)
@@ -298,6 +299,7 @@ class ShardDriver:
     def _outcome(
         self, ref: ShardRef, state: ShardState, started: float, counts: ShardCounts | None = None,
         reason: str | None = None, transient: bool = False, shard: OpenShard | None = None,
+        part_commit: str | None = None,
     ) -> ShardOutcome:
         """A shard's final outcome, with the engine's counters; reported to the progress callback too."""
         try:
@@ -308,9 +310,10 @@ class ShardDriver:
         outcome = ShardOutcome(
             ref.index, ref.url, state, replace(counts) if counts else ShardCounts(), reason=reason,
             transient=transient, seconds=round(time.perf_counter() - started, 3), worker=self.worker,
-            part=ref.part_id, engine_counters=stats,
+            part=ref.part_id, engine_counters=stats, part_commit=part_commit,
         )
         if shard is not None:
+            outcome.part_commit = shard.sink.commit_id
             outcome.rows_resumed, outcome.rows_reused = shard.sink.resumed, shard.rows_reused
             outcome.rows_shared = shard.rows_shared
         self._notify(outcome)

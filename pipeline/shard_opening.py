@@ -1,7 +1,8 @@
 """A shard the driver has opened: its reader, the rows read but not yet admitted, its part.
 
 Opening decides first whether the shard needs running at all: a part that is already
-current (same input, same plan) is skipped, reading its counts from the part's footer, and
+current (same input, same plan, and its JSON lines if the plan writes them) is skipped,
+reading its counts and commit id from the part's footer, and
 a shard that cannot be opened ends as failed, before any row is read. A shard that an
 earlier attempt checkpointed goes on after its checkpoint: the rows it holds are read
 (rows are positions, so they must be) but never prepared or computed again.
@@ -17,7 +18,16 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from connectors import Record, ShardReadError, ShardRef, is_transient, part_is_current, read_records
+from connectors import (
+    Record,
+    ShardReadError,
+    ShardRef,
+    is_transient,
+    part_is_current,
+    part_lines_are_current,
+    read_part_commit,
+    read_records,
+)
 from pipeline.part_info import read_part_counts
 from pipeline.part_sink import PartSink
 from pipeline.plan import JobPlan
@@ -36,6 +46,7 @@ class ShardEnd:
     reason: str
     transient: bool = False
     counts: ShardCounts | None = None
+    part_commit: str | None = None  # a skipped shard's part: its identity
 
 
 @dataclass
@@ -91,13 +102,14 @@ def open_shard(plan: JobPlan, ref: ShardRef, schema: pa.Schema, batch_size: int)
     try:
         current = part_is_current(
             plan.output_url, ref.part_id, plan.part_fingerprint(ref.fingerprint), plan.output_options
-        )
+        ) and (not plan.openai_output or part_lines_are_current(plan.output_url, ref.part_id, plan.output_options))
     except Exception as exc:  # cannot tell: run it; a real storage problem shows at write time
         log.warning("cannot check part %s of %s: %s", ref.part_id, plan.job_id, exc)
         current = False
     if current:
         counts = read_part_counts(plan.output_url, ref.part_id, plan.output_options)
-        return ShardEnd(ShardState.SKIPPED, "part already current", counts=counts)
+        commit = read_part_commit(plan.output_url, ref.part_id, plan.output_options)
+        return ShardEnd(ShardState.SKIPPED, "part already current", counts=counts, part_commit=commit)
     try:
         batches = read_records(ref, text_field=plan.text_field, id_field=plan.id_field, batch_size=batch_size,
                                storage_options=plan.storage_options)

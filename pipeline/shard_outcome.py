@@ -81,6 +81,7 @@ class ShardOutcome:
     seconds: float = 0.0
     worker: str | None = None
     part: str | None = None  # the shard's part id (connectors.ShardRef.part_id)
+    part_commit: str | None = None  # the commit id in its part's footer: which write of the part
     engine_counters: dict[str, Any] = field(default_factory=dict)  # the worker engine's counters at the end
     started_at: float = field(default_factory=time.time)
     # Of its rows, those not computed: taken from an earlier attempt's checkpoint, from the
@@ -101,7 +102,8 @@ class ShardOutcome:
             "index": self.index, "url": self.url, "status": self.state.value, "rows": c.rows, "errors": c.errors,
             "reason": self.reason, "prompt_tokens": c.prompt_tokens, "output_tokens": c.output_tokens,
             "cached_prompt_tokens": c.cached_prompt_tokens, "seconds": self.seconds, "worker": self.worker,
-            "part": self.part, "transient": self.transient, "engine": dict(self.engine_counters),
+            "part": self.part, "part_commit": self.part_commit, "transient": self.transient,
+            "engine": dict(self.engine_counters),
             "rows_resumed": self.rows_resumed, "rows_reused": self.rows_reused, "rows_shared": self.rows_shared,
         }
 
@@ -110,7 +112,8 @@ class ShardOutcome:
         return cls(
             data["index"], data.get("url") or "", ShardState(data["status"]), ShardCounts.from_dict(data),
             reason=data.get("reason"), transient=bool(data.get("transient")), seconds=data.get("seconds") or 0.0,
-            worker=data.get("worker"), part=data.get("part"), engine_counters=dict(data.get("engine") or {}),
+            worker=data.get("worker"), part=data.get("part"), part_commit=data.get("part_commit"),
+            engine_counters=dict(data.get("engine") or {}),
             rows_resumed=data.get("rows_resumed") or 0, rows_reused=data.get("rows_reused") or 0,
             rows_shared=data.get("rows_shared") or 0,
         )
@@ -123,7 +126,7 @@ class ShardOutcome:
             "state": self.state.value, "url": self.url, "rows_done": c.rows, "errors": c.errors,
             "output_tokens": c.output_tokens, "prompt_tokens": c.prompt_tokens, "reason": self.reason,
             "cached_prompt_tokens": c.cached_prompt_tokens, "rows_resumed": self.rows_resumed,
-            "rows_reused": self.rows_reused, "rows_shared": self.rows_shared,
+            "rows_reused": self.rows_reused, "rows_shared": self.rows_shared, "part_commit": self.part_commit,
         }
 
     @staticmethod
@@ -149,7 +152,8 @@ class ShardOutcome:
         reason = data.get("reason") or (failed_reason if state == ShardState.FAILED else None)
         return cls(
             index, data.get("url", ""), state, ShardCounts.from_dict(data, rows_key="rows_done"), reason=reason,
-            worker=data.get("worker"), part=data.get("part") or part, rows_resumed=data.get("rows_resumed") or 0,
+            worker=data.get("worker"), part=data.get("part") or part, part_commit=data.get("part_commit"),
+            rows_resumed=data.get("rows_resumed") or 0,
             rows_reused=data.get("rows_reused") or 0, rows_shared=data.get("rows_shared") or 0,
         )
 

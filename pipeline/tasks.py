@@ -20,12 +20,13 @@ from typing import Any
 
 from celery.exceptions import Reject
 
-from connectors import ShardRef
+from connectors import OutputLeased, ShardRef
 from pipeline import metrics
 from pipeline.celery_app import app
 from pipeline.engine_thread import ShardHandedBack, engine_thread
 from pipeline.job_state import JobStateStore
 from pipeline.manifest import build_manifest, utc_now
+from pipeline.output_lease import heartbeat_every, release_output, renew_output
 from pipeline.plan import JobPlan
 from pipeline.publish import publish
 from pipeline.shard_outcome import ShardOutcome, ShardState
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 MAX_TRANSIENT_RETRIES = 3
 FINALIZE_RETRY_S = 5
 FINALIZE_MAX_RETRIES = 24 * 3600 // FINALIZE_RETRY_S
+FLEET_HEARTBEAT_S = 60.0
 
 
 def _worker_name() -> str:
@@ -111,12 +113,25 @@ def run_shard(
         reporter(outcome)
         meter.finish(outcome)
         return outcome
+    try:
+        renew_output(plan)  # no lease at all (a late redelivery): the shard writes only its own part
+    except OutputLeased as exc:  # another run took the output over: this job writes nothing more
+        outcome = ShardOutcome(shard.index, shard.url, ShardState.FAILED, reason=str(exc), worker=worker,
+                               part=shard.part_id)
+        reporter(outcome)
+        meter.finish(outcome)
+        return outcome
     reporter.report(ShardOutcome(shard.index, shard.url, ShardState.RUNNING), throttle=False)
     should_stop = (lambda: store.is_cancelled(plan.job_id)) if store is not None else None
+    heartbeat = heartbeat_every(plan, FLEET_HEARTBEAT_S)
 
     def on_progress(p: ShardOutcome) -> None:
         meter.progress(p)
         reporter(p)
+        try:
+            heartbeat()
+        except Exception as exc:  # a missed heartbeat; the finalizer checks the lease anyway
+            log.warning("cannot renew the lease of job %s: %s", plan.job_id, exc)
 
     outcome = engine_thread().run_shard(plan, shard, on_progress=on_progress, should_stop=should_stop,
                                          worker=worker)
@@ -167,9 +182,16 @@ def _finish_job(
         report = run_report_hook(plan, manifest)
         if report:
             manifest["report"] = report
-    publish(plan, manifest, outcomes, prune=status is None)
+    try:
+        publish(plan, manifest, outcomes, prune=status is None)
+    except OutputLeased as exc:  # another run holds the output: its manifest is not ours to write
+        log.error("job %s writes no manifest: %s", plan.job_id, exc)
+        manifest["status"], manifest["success_marker"], manifest["error"] = "failed", False, str(exc)
+    else:
+        release_output(plan)
     if store is not None:
-        store.set_meta(plan.job_id, status=manifest["status"], finished_at=time.time())
+        store.set_meta(plan.job_id, status=manifest["status"], finished_at=time.time(),
+                       **({"error": manifest["error"]} if manifest.get("error") else {}))
     return manifest
 
 

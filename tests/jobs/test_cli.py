@@ -158,6 +158,17 @@ def test_spec_errors_exit_2(tmp_path: Path, body: str, message: str) -> None:
         assert "Traceback" not in result.output
 
 
+def test_run_beside_a_live_run_on_its_output_exits_naming_it(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from connectors import acquire_lease
+
+    spec = write_spec(tmp_path, tiny_model_dir)
+    acquire_lease(str(tmp_path / "out"), "nightly-1a2b", "fleet job on gpu-7 pid 42")
+    result = runner.invoke(app, ["run", str(spec), "--no-progress"])
+    assert result.exit_code == 1 and "output busy: output " in result.output
+    assert "is held by run nightly-1a2b (fleet job on gpu-7 pid 42), last heartbeat" in result.output
+    assert not (tmp_path / "out/_manifest.json").exists()
+
+
 def test_missing_input_is_reported(tmp_path: Path, tiny_model_dir: Path) -> None:
     spec = write_spec(tmp_path, tiny_model_dir)
     (tmp_path / "docs/part-0.jsonl").unlink()

@@ -187,6 +187,7 @@ def test_a_shard_failing_transiently_is_retrying_not_failed_for_the_finalizer(tm
 
     import pipeline.shard_opening as shard_opening
     from pipeline.fleet import job_status
+    from pipeline.output_lease import FLEET_TTL_S, take_output
     from pipeline.tasks import finalize_job, process_shard
 
     inp, out = tmp_path / "in", tmp_path / "out"
@@ -195,6 +196,7 @@ def test_a_shard_failing_transiently_is_retrying_not_failed_for_the_finalizer(tm
     shards = list_shards(plan.input_url)
     store = JobStateStore()
     store.init_job(plan.job_id, {"name": plan.name, "submitted_at": time.time()}, [s.to_dict() for s in shards])
+    take_output(plan, "fleet job", FLEET_TTL_S)  # what submit does
     try:
         first = process_shard(plan.to_dict(), shards[0].to_dict())
         reader = shard_opening.read_records
@@ -227,6 +229,7 @@ def test_the_fleet_finalizer_removes_parts_of_inputs_that_are_gone(tmp_path: Pat
     """In-process tasks: run 1 over two shards, delete one input, run 2's finalizer leaves
     only the remaining shard's part and lists it as the job's only part."""
     _require_redis()
+    from pipeline.output_lease import FLEET_TTL_S, take_output
     from pipeline.tasks import finalize_job, process_shard
 
     inp, out = tmp_path / "in", tmp_path / "out"
@@ -242,6 +245,7 @@ def test_the_fleet_finalizer_removes_parts_of_inputs_that_are_gone(tmp_path: Pat
             shards = list_shards(plan.input_url)
             store.init_job(plan.job_id, {"name": plan.name, "submitted_at": time.time()},
                            [s.to_dict() for s in shards])
+            take_output(plan, "fleet job", FLEET_TTL_S)  # what submit does
             results = [process_shard(plan.to_dict(), s.to_dict()) for s in shards]
             done = finalize_job(results, plan.to_dict(), shard_indices=[s.index for s in shards],
                                 shard_parts=[s.part_id for s in shards])
