@@ -34,18 +34,23 @@ def triton_available() -> bool:
 
 def choose_features(
     device: str, attention_backend: str, enforce_eager: bool | None, num_kv_blocks: int | None,
-    compile: bool = False,
+    compile: bool = False, head_dim: int | None = None,
 ) -> DeviceFeatures:
     """Pure decision from the settings (and whether triton is installed): testable without a GPU.
 
     CUDA: ``auto`` is the Triton backend where triton is installed (torch otherwise), CUDA graphs
     are captured unless ``enforce_eager=True`` (they need the Triton backend), and the KV pool is
-    sized by a profiling step unless ``num_kv_blocks`` is set."""
+    sized by a profiling step unless ``num_kv_blocks`` is set. ``auto`` falls back to the torch
+    backend for a head size the Triton kernels do not take (a power of two >= 16; Phi-3-mini's
+    is 96)."""
     if not device.startswith("cuda"):
         return DeviceFeatures("torch" if attention_backend == "auto" else attention_backend, False, False)
     backend = attention_backend
     if backend == "auto":
         backend = "triton" if triton_available() else "torch"
+        if backend == "triton" and head_dim is not None and (head_dim < 16 or head_dim & (head_dim - 1)):
+            log.info("head size %d is not one the Triton attention kernels take: the torch backend, eagerly", head_dim)
+            backend = "torch"
     graphs = backend == "triton" and enforce_eager is not True
     if backend == "torch" and enforce_eager is False:
         log.info("CUDA graphs need the Triton attention backend: running eagerly")

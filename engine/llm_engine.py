@@ -49,7 +49,7 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(self.model_dir)
         self.eos_token_ids = eos_token_ids(self.model_dir, self.tokenizer)
         features = choose_features(device, config.attention_backend, config.enforce_eager, config.num_kv_blocks,
-                                   config.compile)
+                                   config.compile, model.head_dim)
         announce(features)
         backend = get_backend(features.attention_backend, device)
         self.runner = ModelRunner(model, backend, config, self.max_model_len, device, features)

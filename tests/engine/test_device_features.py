@@ -48,3 +48,14 @@ def test_only_the_still_unverified_compile_is_announced() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         announce(choose_features("cuda", "auto", None, None))
+
+
+def test_a_head_size_the_triton_kernels_do_not_take_runs_on_the_torch_backend(monkeypatch) -> None:
+    """Phi-3-mini's 96-wide heads: ``auto`` takes the torch backend (eager), not an error at the
+    first step; Phi-4-mini's 128 keeps Triton and graphs; an explicit ``triton`` is left as asked."""
+    monkeypatch.setattr("engine.device_features.triton_available", lambda: True)
+    phi3_mini = choose_features("cuda", "auto", None, None, head_dim=96)
+    assert (phi3_mini.attention_backend, phi3_mini.cuda_graphs) == ("torch", False)
+    phi4_mini = choose_features("cuda", "auto", None, None, head_dim=128)
+    assert (phi4_mini.attention_backend, phi4_mini.cuda_graphs) == ("triton", True)
+    assert choose_features("cuda", "triton", None, None, head_dim=96).attention_backend == "triton"
