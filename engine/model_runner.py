@@ -42,7 +42,6 @@ class StepLogits:
 class InFlightStep:
     """A launched step whose tokens are still on their way back (async scheduling)."""
 
-    batch: ScheduledBatch
     sample_seqs: list[Sequence]
     rows: dict[Sequence, int]  # sequence -> its row of ``tokens``
     tokens: torch.Tensor  # int64 token ids on the device, one per sampling sequence
@@ -144,7 +143,7 @@ class ModelRunner:
             host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
             host.copy_(tokens, non_blocking=True)
         rows = {seq: i for i, seq in enumerate(inputs.sample_seqs)}
-        return InFlightStep(batch, inputs.sample_seqs, rows, tokens, host, self.record_event())
+        return InFlightStep(inputs.sample_seqs, rows, tokens, host, self.record_event())
 
     def sample_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """Token ids where the logits are: the device sampler on a GPU, the CPU sampler's
