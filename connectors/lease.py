@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
-from connectors.manifest import read_optional_bytes, write_bytes
+from connectors.manifest import read_optional_bytes, remove_optional, write_bytes
 from connectors.storage import StorageError, filesystem_for, join_url, public_url, with_retries
 
 LEASE_NAME = "_lease.json"
@@ -94,14 +94,7 @@ def _create(output_url: str, lease: Lease, storage_options: dict | None) -> bool
 
 
 def _remove(output_url: str, storage_options: dict | None) -> None:
-    url = lease_url(output_url)
-    fs, path = filesystem_for(url, storage_options)
-    try:
-        with_retries(lambda: fs.rm_file(path), what=f"remove {url}")
-    except FileNotFoundError:
-        pass
-    finally:
-        fs.invalidate_cache(path)
+    remove_optional(lease_url(output_url), storage_options)
 
 
 def acquire_lease(

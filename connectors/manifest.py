@@ -71,9 +71,8 @@ def write_success_marker(output_url: str, storage_options: dict | None = None) -
     write_bytes(join_url(output_url, SUCCESS_NAME), b"", storage_options)
 
 
-def remove_success_marker(output_url: str, storage_options: dict | None = None) -> None:
-    """Delete `_SUCCESS`, if there is one: a run is about to replace parts."""
-    url = join_url(output_url, SUCCESS_NAME)
+def remove_optional(url: str, storage_options: dict | None = None) -> None:
+    """Delete a small marker object if it is there (retrying transient errors); gone is fine."""
     fs, path = filesystem_for(url, storage_options)
     fs.invalidate_cache(path)
     try:
@@ -82,6 +81,11 @@ def remove_success_marker(output_url: str, storage_options: dict | None = None) 
         pass
     finally:
         fs.invalidate_cache(path)
+
+
+def remove_success_marker(output_url: str, storage_options: dict | None = None) -> None:
+    """Delete `_SUCCESS`, if there is one: a run is about to replace parts."""
+    remove_optional(join_url(output_url, SUCCESS_NAME), storage_options)
 
 
 def success_marker_exists(output_url: str, storage_options: dict | None = None) -> bool:
