@@ -150,7 +150,7 @@ class ModelRunner:
         per-request generators on the CPU (both argmax for greedy rows)."""
         if logits.is_cuda or all(s.params.greedy for s in seqs):
             return sample_on_device(logits, seqs)
-        return torch.tensor(sample(logits, [s.params for s in seqs], [s.generator for s in seqs]))
+        return sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
 
     def record_event(self):
         """A marker after the device work queued so far, whose ``synchronize()`` waits for that work:

@@ -83,8 +83,9 @@ def _probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
 
 def sample(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-) -> list[int]:
-    """CPU: ``logits`` [N, vocab] float32, one row per request that samples this step."""
+) -> torch.Tensor:
+    """CPU: ``logits`` [N, vocab] float32, one row per request that samples this step; the
+    token ids as an int64 tensor."""
     out = logits.argmax(dim=-1)
     drawn = [i for i, p in enumerate(params) if not p.greedy]
     if drawn:
@@ -93,7 +94,7 @@ def sample(
         for row, i in enumerate(drawn):
             noise[row].exponential_(1.0, generator=generators[i])
         out[drawn] = torch.argmax(probs / noise, dim=-1)
-    return out.tolist()
+    return out
 
 
 def seed_of(seq: Sequence) -> int:

@@ -70,7 +70,7 @@ def test_the_cpu_sampler_draws_with_each_requests_generator():
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.9, top_k=30, top_p=0.8, seed=1),
               SamplingParams(temperature=1.3, seed=2), SamplingParams(temperature=0.5, top_p=0.5, seed=3),
               SamplingParams(temperature=0.0)]
-    batched = sample(logits, params, [make_generator(i) for i in range(5)])
+    batched = sample(logits, params, [make_generator(i) for i in range(5)]).tolist()
     for i, p in enumerate(params):
         g = make_generator(i)
         row = logits[i] / (p.temperature or 1.0)
