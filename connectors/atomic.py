@@ -54,7 +54,8 @@ def pause_point(env: str, path: str) -> None:
     folder = os.environ.get(env)
     if not folder or not os.path.isdir(folder):
         return
-    mine = os.path.join(folder, f"paused.{os.getpid()}")
+    # One name per call: two threads of one worker may reach this point at once.
+    mine = os.path.join(folder, f"paused.{os.getpid()}.{uuid.uuid4().hex}")
     with open(mine, "w") as f:
         json.dump({"pid": os.getpid(), "path": path}, f)
     try:
