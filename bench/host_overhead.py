@@ -223,6 +223,7 @@ def run_case(model_dir: Path, size: int, workload: str, sampling: str, steps: in
 
 
 def main() -> None:
+    global VOCAB
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 512, 1024])
     ap.add_argument("--workloads", nargs="+", default=["decode", "mixed"])
@@ -231,9 +232,11 @@ def main() -> None:
     ap.add_argument("--device-ms", type=float, default=0.0, help="simulated device time per step (0: none)")
     ap.add_argument("--async-modes", nargs="+", default=None, help="off/on: EngineConfig.async_scheduling")
     ap.add_argument("--profile", action="store_true", help="cProfile each case (slows it)")
+    ap.add_argument("--vocab", type=int, default=VOCAB, help="the stub model's vocabulary (sampling cost)")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    VOCAB = args.vocab
     torch.set_num_threads(1)
     info = sysinfo.cpu_info()
     print(sysinfo.describe(info))

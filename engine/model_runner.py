@@ -13,7 +13,7 @@ from engine.cuda_profile import profile_cuda_blocks
 from engine.device_features import DeviceFeatures
 from engine.kv_cache import allocate_kv_pool, blocks_from_budget, bytes_per_block
 from engine.models.llama import LlamaForCausalLM
-from engine.sampler import sample, sample_on_device
+from engine.sampler import sample
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
 from engine.step_inputs import StepInputs, build_step_inputs
@@ -146,11 +146,8 @@ class ModelRunner:
         return InFlightStep(inputs.sample_seqs, rows, tokens, host, self.record_event())
 
     def sample_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """Token ids where the logits are: the device sampler on a GPU, the CPU sampler's
-        per-request generators on the CPU (both argmax for greedy rows)."""
-        if logits.is_cuda or all(s.params.greedy for s in seqs):
-            return sample_on_device(logits, seqs)
-        return sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        """Token ids where the logits are (``engine.sampler``: the same draws on every device)."""
+        return sample(logits, seqs)
 
     def record_event(self):
         """A marker after the device work queued so far, whose ``synchronize()`` waits for that work:

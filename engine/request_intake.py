@@ -7,7 +7,6 @@ import random
 from typing import Any
 
 from engine.request_state import RequestState
-from engine.sampler import make_generator
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from engine.structured_output import StructuredOutputBackend
@@ -82,13 +81,13 @@ class RequestIntake:
         return state
 
     def new_sequence(self, state: RequestState, index: int) -> Sequence:
-        """Sample ``index`` of a request: its own RNG stream (``seed + index``) and grammar state."""
+        """Sample ``index`` of a request: its own seed (``seed + index``) and grammar state."""
         params = state.params
         seq = Sequence(state.request_id, state.prompt_token_ids, params, sample_index=index)
         seq.max_total_tokens = min(seq.num_prompt_tokens + params.max_tokens, self.max_model_len)
         if not params.greedy:
             seed = params.seed + index if params.seed is not None else self._rng.getrandbits(63)
-            seq.generator = make_generator(seed)
+            seq.seed = seed
         if params.structured_output is not None:
             seq.matcher = self.structured.matcher(params.structured_output)
         if params.logprobs is not None:

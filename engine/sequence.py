@@ -54,7 +54,7 @@ class Sequence:
     pending_forks: int = 0  # samples still to be forked from this one after its prompt is computed
     logprobs: list[Any] | None = None  # per generated token, when the request asks for logprobs
     cumulative_logprob: float = 0.0
-    generator: Any = None  # torch.Generator of a sampling (non-greedy) sequence
+    seed: int | None = None  # a sampling (non-greedy) sequence's seed: its draws hash (seed, position)
     matcher: Any = None  # grammar matcher of a structured-output sequence
 
     def __post_init__(self) -> None:

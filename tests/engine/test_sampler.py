@@ -1,0 +1,125 @@
+"""The sampler: whole-batch filters and one counter-based inverse-CDF draw per row, the same
+code on the CPU and the GPU (run here on CPU tensors)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from engine.sampler import draw, filter_top_k_top_p, sample, uniform_draws
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+
+
+def seq(seed: int, num_tokens: int = 5, **params) -> Sequence:
+    s = Sequence("r", list(range(num_tokens)), SamplingParams(**({"temperature": 1.0} | params)))
+    s.seed = None if s.params.greedy else seed
+    return s
+
+
+def test_greedy_rows_take_the_argmax_beside_sampled_rows():
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    seqs = [seq(1, temperature=0.0), seq(2), seq(3, temperature=0.0), seq(4)]
+    out = sample(logits, seqs)
+    assert out[0] == logits[0].argmax() and out[2] == logits[2].argmax()
+    assert out.dtype == torch.int64 and out.shape == (4,)
+
+
+def test_a_row_draws_the_same_token_in_any_batch():
+    """A draw is a function of (seed, position, distribution): it does not depend on the row's
+    neighbours, its place in the batch, the batch size, or greedy rows beside it."""
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(6, 300, generator=g)
+    seqs = [seq(10 + i, num_tokens=7 + i, top_k=20, top_p=0.9) for i in range(6)]
+    full = sample(logits, seqs).tolist()
+    for i in range(6):
+        assert sample(logits[i : i + 1], [seqs[i]]).tolist() == [full[i]]
+    order = [5, 3, 1, 0, 2, 4]
+    assert sample(logits[order], [seqs[i] for i in order]).tolist() == [full[i] for i in order]
+    with_greedy = sample(torch.cat([logits[:1], logits]), [seq(0, temperature=0.0), *seqs]).tolist()
+    assert with_greedy[1:] == full
+    draws = {sample(torch.zeros(1, 300), [seq(10, num_tokens=n)]).item() for n in range(20)}
+    assert len(draws) > 10  # the same seed at the next positions: other draws
+
+
+def test_frequencies_follow_the_softmax():
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    expected = torch.softmax(logits / 0.7, dim=0)
+    rows = 4000
+    seqs = [seq(1000 + i, temperature=0.7) for i in range(rows)]
+    counts = torch.bincount(sample(logits.expand(rows, 4).clone(), seqs), minlength=4).double() / rows
+    assert torch.allclose(counts, expected.double(), atol=3.5 * math.sqrt(0.25 / rows))
+
+
+def test_top_k_and_top_p_keep_exactly_the_allowed_tokens():
+    logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]] * 4))
+    kept = filter_top_k_top_p(logits, torch.tensor([2, 0, 0, 3]), torch.tensor([1.0, 0.8, 0.45, 0.75]))
+    assert torch.isfinite(kept).tolist() == [
+        [True, True, False, False, False],  # top-k 2
+        [True, True, True, False, False],  # 0.5 + 0.2 < 0.8 <= 0.85
+        [True, False, False, False, False],  # the first token alone reaches 0.45
+        [True, True, False, False, False],  # top-k 3 renormalised: 0.59 + 0.24 reaches 0.75
+    ]
+    assert torch.equal(filter_top_k_top_p(logits, torch.tensor([2, 1, 3, 3]), torch.tensor([1.0, 1.0, 0.45, 0.75]), 3),
+                       filter_top_k_top_p(logits, torch.tensor([2, 1, 3, 3]), torch.tensor([1.0, 1.0, 0.45, 0.75])))
+    seqs = [seq(i, top_k=2) for i in range(200)]
+    drawn = set(sample(logits[:1].expand(200, 5).clone(), seqs).tolist())
+    assert drawn == {0, 1}
+
+
+def test_the_batched_sampler_matches_a_row_at_a_time_reference():
+    """Each row: temperature, top-k, top-p as HF applies them, then the first token whose running
+    probability (float64, in Python) passes the row's uniform draw."""
+    logits = torch.randn(5, 200, generator=torch.Generator().manual_seed(4))
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.9, top_k=30, top_p=0.8, seed=1),
+              SamplingParams(temperature=1.3, seed=2), SamplingParams(temperature=0.5, top_p=0.5, seed=3),
+              SamplingParams(temperature=0.0)]
+    seqs = []
+    for i, p in enumerate(params):
+        s = Sequence("r", list(range(3 + i)), p)
+        s.seed = None if p.greedy else 100 + i
+        seqs.append(s)
+    batched = sample(logits, seqs).tolist()
+    for i, (p, s) in enumerate(zip(params, seqs, strict=True)):
+        if p.greedy:
+            assert batched[i] == int(logits[i].argmax())
+            continue
+        row = logits[i] / p.temperature
+        if p.top_k:
+            row = row.masked_fill(row < torch.topk(row, p.top_k).values[-1], float("-inf"))
+        if p.top_p < 1:
+            s_, order = torch.sort(row, descending=True)
+            pr = torch.softmax(s_, -1)
+            s_ = s_.masked_fill(pr.cumsum(-1) - pr > p.top_p, float("-inf"))
+            row = torch.full_like(row, float("-inf")).scatter(0, order, s_)
+        probs = torch.softmax(row, -1).tolist()
+        u = float(uniform_draws(np.array([s.seed]), np.array([s.num_tokens]))[0]) * sum(probs)
+        running, want = 0.0, None
+        for token, prob in enumerate(probs):
+            running += prob
+            if running > u:
+                want = token
+                break
+        assert batched[i] == want
+
+
+def test_a_token_of_zero_probability_is_never_drawn():
+    probs = torch.tensor([[0.0, 0.3, 0.7, 0.0], [0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]])
+    lowest, highest = 2.0**-24, 1.0 - 2.0**-24  # the extremes uniform_draws can return
+    assert draw(probs, torch.full((3,), lowest)).tolist() == [1, 0, 2]
+    assert draw(probs, torch.full((3,), highest)).tolist() == [2, 1, 2]
+    assert draw(probs, torch.ones(3)).tolist() == [2, 1, 2]  # even a draw of exactly 1 stays inside
+
+
+def test_uniform_draws_are_uniform_and_distinct():
+    seeds = np.repeat(np.arange(256), 64)
+    positions = np.tile(np.arange(64), 256)
+    u = uniform_draws(seeds, positions)
+    assert u.dtype == np.float32 and u.min() > 0 and u.max() < 1
+    assert abs(u.mean() - 0.5) < 0.01 and abs(u.std() - math.sqrt(1 / 12)) < 0.01
+    assert len(np.unique(u)) > 0.99 * len(u)
+    big = uniform_draws(np.array([2**40 + 7, 7]), np.array([3, 3]))
+    assert big[0] != big[1]  # the seed's high bits count
+    assert uniform_draws(np.array([2**63 - 1]), np.array([0]))[0] == uniform_draws(np.array([2**63 - 1]), np.array([0]))[0]
