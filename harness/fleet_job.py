@@ -53,10 +53,11 @@ class JobRun:
 
     def summary(self) -> str:
         totals = self.manifest.get("totals", {})
+        ran = [s for s in self.manifest.get("shards", []) if s.get("status") == "done"]
         return (f"tokenmill {self.what}: {self.requests} requests ({self.unique} distinct) as job {self.job_id}: "
                 f"{totals.get('shards_done', 0)} shards run, {totals.get('shards_skipped', 0)} taken as committed "
-                f"from {self.output_url}; prefix cache hits {totals.get('cached_prompt_tokens', 0)} of "
-                f"{totals.get('prompt_tokens', 0)} prompt tokens")
+                f"from {self.output_url}; prefix cache hits {sum(s.get('cached_prompt_tokens') or 0 for s in ran)} "
+                f"of {sum(s.get('prompt_tokens') or 0 for s in ran)} prompt tokens run")
 
 
 def _digest(value: Any) -> str:
@@ -105,6 +106,7 @@ def run_job(spec: JobSpec, files: list[tuple[str, str]], settings: FleetSettings
         try:
             api.submit(spec, settings.broker, job_id=job_id, queue=settings.queue,
                        result_backend=settings.result_backend)
+            log.info("tokenmill: job %s queued, %d request files (tokenmill status %s)", job_id, len(files), job_id)
         except OutputLeased as exc:
             job_id = _running_job(exc, spec)  # an earlier run of this evaluation, still going: wait for it
         status = api.wait(job_id, settings.timeout_s, poll=settings.poll_s)["status"]

@@ -6,6 +6,7 @@ committed part instead of running it, and a run that lost parts runs only those 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Iterator
@@ -13,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleet_support import REDIS_BROKER, Fleet, _make_fleet, _require
+import redis
+from fleet_support import REDIS_BROKER, RESULT_BACKEND, Fleet, _make_fleet, _require
 from harness_support import TASKS, evaluate, metrics, responses, write_tasks
 from pipeline_support import tiny_engine
 
@@ -21,7 +23,8 @@ pytest.importorskip("lm_eval")
 
 from test_harness_model import _summary, assert_same_as_hf  # noqa: E402
 
-from connectors import read_manifest, success_marker_exists  # noqa: E402
+from connectors import read_manifest, success_marker_exists, write_file_set  # noqa: E402
+from harness.fleet_job import REQUEST_FILES, job_spec, run_job  # noqa: E402
 from harness.fleet_model import FleetLM  # noqa: E402
 from harness.model import TokenmillLM  # noqa: E402
 
@@ -52,6 +55,17 @@ def fleet(tmp_path_factory, seaweedfs_server, tiny_model_dir, engine_args) -> It
     yield from _make_fleet(REDIS_BROKER, tmp_path_factory, tiny_model_dir, env, pool="threads")
 
 
+_JOB_IDS: list[str] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forget_job_state() -> Iterator[None]:
+    yield
+    r = redis.Redis.from_url(RESULT_BACKEND)
+    for job_id in _JOB_IDS:
+        r.delete(*(f"tokenmill:job:{job_id}:{what}" for what in ("meta", "shards", "cancel")))
+
+
 @pytest.fixture(scope="module")
 def work_dir(seaweedfs_server) -> str:
     return f"s3://{seaweedfs_server.make_bucket(f'tm-evals-{uuid.uuid4().hex[:8]}')}/evals"
@@ -63,7 +77,16 @@ def fleet_lm(model_dir: Path, work_dir: str, engine_args: dict[str, Any]) -> Fle
             "shard_rows": SHARD_ROWS, "poll_s": 0.2, "timeout_s": 300, "progress": False, **engine_args}
     lm = TokenmillLM.create_from_arg_string(",".join(f"{k}={v}" for k, v in args.items()))
     assert isinstance(lm, FleetLM)
+    lm.jobs = _Recorded()
     return lm
+
+
+class _Recorded(list):
+    """``FleetLM.jobs`` that also notes each job id, so its Redis state is removed afterwards."""
+
+    def append(self, run) -> None:
+        _JOB_IDS.append(run.job_id)
+        super().append(run)
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +144,19 @@ def test_a_run_that_lost_parts_runs_only_those_shards(first_run, seaweedfs_serve
         for (ll, greedy), (ref_ll, ref_greedy) in zip(doc, ref_doc, strict=True):
             assert abs(ll - ref_ll) <= 1e-4 and greedy == ref_greedy  # recomputed in other batches
     assert metrics(rerun, "tm_mc") == metrics(result, "tm_mc")
+
+
+def test_a_rerun_waits_for_the_live_job_of_the_same_evaluation(fleet, tiny_model_dir, work_dir, engine_args):
+    """The harness killed while its job runs: run again, it waits for that job instead of
+    failing on the output's lease. Here the live job sits on a queue no worker reads."""
+    lm = fleet_lm(tiny_model_dir, f"{work_dir}-held", engine_args)
+    rows = [{"id": "0000000", "text": "loglikelihood", "prompt": [1, 504, 3100], "score_from": 1}]
+    spec, files = job_spec("loglikelihood", rows, lm.engine, lm.settings)
+    write_file_set(spec.input.url, REQUEST_FILES, files)
+    held = f"{spec.name}-held"
+    _JOB_IDS.append(held)
+    from jobs import api
+
+    api.submit(spec, REDIS_BROKER, job_id=held, queue=f"{fleet.queue}-idle")
+    with pytest.raises(TimeoutError, match=f"job {held} still queued after 1.0s"):
+        run_job(spec, files, dataclasses.replace(lm.settings, timeout_s=1.0))
