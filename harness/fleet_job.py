@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,15 +93,17 @@ def job_spec(what: str, rows: list[dict[str, Any]], engine: dict[str, Any], sett
     return spec, files
 
 
-def run_job(spec: JobSpec, files: list[tuple[str, str]], settings: FleetSettings) -> tuple[str, dict[str, Any]]:
-    """Write the request files (unchanged ones stay as they are), run the job, wait for it;
-    returns (job id, manifest). Raises ``RuntimeError`` unless every shard succeeded."""
+def run_job(spec: JobSpec, files: list[tuple[str, str]], settings: FleetSettings, rows: int = 0,
+            progress: bool = False) -> tuple[str, dict[str, Any]]:
+    """Write the request files (unchanged ones stay as they are), run the job, wait for it
+    (a bar over its ``rows`` if ``progress``); returns (job id, manifest). Raises
+    ``RuntimeError`` unless every shard succeeded."""
     from jobs import api
 
     write_file_set(spec.input.url, REQUEST_FILES, files)
     job_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
     if settings.broker is None:
-        manifest = api.run(spec, job_id=job_id)
+        manifest = api.run(spec, job_id=job_id, progress=progress)
         status = manifest.get("status")
     else:
         try:
@@ -109,12 +112,32 @@ def run_job(spec: JobSpec, files: list[tuple[str, str]], settings: FleetSettings
             log.info("tokenmill: job %s queued, %d request files (tokenmill status %s)", job_id, len(files), job_id)
         except OutputLeased as exc:
             job_id = _running_job(exc, spec)  # an earlier run of this evaluation, still going: wait for it
-        status = api.wait(job_id, settings.timeout_s, poll=settings.poll_s)["status"]
+        status = _wait(job_id, settings, rows, progress)
         manifest = read_manifest(spec.output.url) or {}
     if status != "succeeded":
         failed = [f"{s.get('url')}: {s.get('reason')}" for s in manifest.get("shards", []) if s.get("reason")]
         raise RuntimeError(f"tokenmill job {job_id} ended {status}: " + ("; ".join(failed[:3]) or "no reason given"))
     return job_id, manifest
+
+
+def _wait(job_id: str, settings: FleetSettings, rows: int, progress: bool) -> str:
+    """Poll the job until it ends, its rows done as a progress bar; its final status.
+    ``TimeoutError`` after ``settings.timeout_s`` (None: as long as it takes)."""
+    from tqdm import tqdm
+
+    from jobs import api
+    from pipeline.job_status import FINAL_JOB_STATUSES
+
+    deadline = None if settings.timeout_s is None else time.monotonic() + settings.timeout_s
+    with tqdm(total=rows, desc=f"job {job_id}", unit="request", disable=not progress) as bar:
+        while True:
+            status = api.status(job_id)
+            bar.update(min(rows, status["progress"]["rows_done"]) - bar.n)
+            if status["status"] in FINAL_JOB_STATUSES:
+                return str(status["status"])
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {status['status']} after {settings.timeout_s}s")
+            time.sleep(settings.poll_s)
 
 
 def _running_job(exc: OutputLeased, spec: JobSpec) -> str:

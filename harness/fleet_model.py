@@ -77,13 +77,13 @@ class FleetLM(TokenmillLM):
 
     def _score(self, prompts: list[list[int]], starts: list[int], disable_tqdm: bool) -> list[tuple[float, bool]]:
         rows = [{"prompt": p, "score_from": s} for p, s in zip(prompts, starts, strict=True)]
-        return [(float(r["logprob"]), bool(r["is_greedy"])) for r in self._run("loglikelihood", rows)]
+        return [(float(r["logprob"]), bool(r["is_greedy"])) for r in self._run("loglikelihood", rows, disable_tqdm)]
 
     def _generate(self, prompts: list[list[int]], params: list[SamplingParams], disable_tqdm: bool) -> list[str]:
         rows = [{"prompt": p, "sampling": s.to_dict()} for p, s in zip(prompts, params, strict=True)]
-        return [r["output"] or "" for r in self._run("generate_until", rows)]
+        return [r["output"] or "" for r in self._run("generate_until", rows, disable_tqdm)]
 
-    def _run(self, what: str, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _run(self, what: str, requests: list[dict[str, Any]], disable_tqdm: bool) -> list[dict[str, Any]]:
         """Each request's result row, in order: identical requests are one row of the job, and
         rows are sorted by their tokens so requests sharing a context sit in the same shard."""
         distinct: dict[str, dict[str, Any]] = {}
@@ -96,7 +96,7 @@ class FleetLM(TokenmillLM):
         ids = {k: f"{i:07d}" for i, k in enumerate(order)}
         rows = [{"id": ids[k], "text": what, **distinct[k]} for k in order]
         spec, files = job_spec(what, rows, self.engine, self.settings)
-        job_id, manifest = run_job(spec, files, self.settings)
+        job_id, manifest = run_job(spec, files, self.settings, len(rows), self.progress and not disable_tqdm)
         run = JobRun(what, len(requests), len(rows), job_id, spec.output.url, manifest)
         self.jobs.append(run)
         log.info(run.summary())

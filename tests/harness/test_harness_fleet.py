@@ -160,3 +160,18 @@ def test_a_rerun_waits_for_the_live_job_of_the_same_evaluation(fleet, tiny_model
     api.submit(spec, REDIS_BROKER, job_id=held, queue=f"{fleet.queue}-idle")
     with pytest.raises(TimeoutError, match=f"job {held} still queued after 1.0s"):
         run_job(spec, files, dataclasses.replace(lm.settings, timeout_s=1.0))
+
+
+def test_without_a_broker_the_job_runs_in_this_process(tiny_model_dir, include_path, tmp_path, engine_args):
+    """``work_dir`` alone: the same job, embedded, resumable the same way."""
+    args = {"model": str(tiny_model_dir), "max_length": MAX_LENGTH, "work_dir": str(tmp_path / "evals"),
+            **engine_args}
+    first = TokenmillLM.create_from_arg_obj(args)
+    result = evaluate(first, include_path, tasks=("tm_gen",))
+    again = TokenmillLM.create_from_arg_obj(args)
+    rerun = evaluate(again, include_path, tasks=("tm_gen",))
+    assert [j.manifest["mode"] for j in first.jobs] == ["embedded"]
+    assert _shards(first) == [("generate_until", 1, 0)] and _shards(again) == [("generate_until", 0, 1)]
+    embedded = TokenmillLM(model=str(tiny_model_dir), max_length=MAX_LENGTH, progress=False, **engine_args)
+    assert responses(result, "tm_gen") == responses(rerun, "tm_gen") == responses(
+        evaluate(embedded, include_path, tasks=("tm_gen",)), "tm_gen")
