@@ -86,6 +86,8 @@ class FleetLM(TokenmillLM):
     def _run(self, what: str, requests: list[dict[str, Any]], disable_tqdm: bool) -> list[dict[str, Any]]:
         """Each request's result row, in order: identical requests are one row of the job, and
         rows are sorted by their tokens so requests sharing a context sit in the same shard."""
+        if not requests:
+            return []  # a job needs at least one request file
         distinct: dict[str, dict[str, Any]] = {}
         keys = []
         for request in requests:
