@@ -88,6 +88,13 @@ def _create(output_url: str, lease: Lease, storage_options: dict | None) -> bool
         with_retries(create, what=f"take {url}")
     except FileExistsError:
         return False
+    except OSError:
+        # SeaweedFS refuses the exclusive create of an existing key with 412 PreconditionFailed,
+        # which s3fs raises as a plain OSError (moto's answer becomes FileExistsError).
+        fs.invalidate_cache(path)
+        if read_optional_bytes(url, storage_options) is not None:
+            return False
+        raise
     finally:
         fs.invalidate_cache(path)
     return True

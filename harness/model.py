@@ -26,7 +26,7 @@ from lm_eval.models.utils import (
     has_bos_prefix,
     postprocess_generated_text,
 )
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 
 from engine import LLM, SamplingParams
 from engine.sampling_params import MAX_STOP, MAX_STOP_LENGTH
@@ -85,8 +85,31 @@ class TokenmillLM(TemplateLM):
             settings["max_model_len"] = int(max_length) + 2
         self.llm = LLM(model or pretrained or DEFAULT_MODEL, dtype=dtype,
                        device=_device(device), seed=int(seed), **settings)
-        self.tokenizer = self.llm.tokenizer
-        self._max_length = self.llm.engine.max_model_len - 2
+        self._take_settings(self.llm.tokenizer, self.llm.engine.max_model_len, max_length, max_gen_toks,
+                            add_bos_token, prefix_token_id, seed, progress)
+        self.runs: list[RunStats] = []  # one per harness call, for whoever wants the figures
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> TemplateLM:
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict | None = None) -> TemplateLM:
+        """``--model tokenmill`` with ``work_dir=`` (and ``broker=``) in its model_args runs every
+        request type as a job (``harness.fleet_model``); without, on an engine in this process."""
+        target: type[TemplateLM] = cls
+        if cls is TokenmillLM and ("work_dir" in arg_dict or "broker" in arg_dict):
+            from harness.fleet_model import FleetLM
+
+            target = FleetLM
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return target(**arg_dict, **extra)
+
+    def _take_settings(self, tokenizer: Any, max_model_len: int, max_length: int | None, max_gen_toks: int,
+                       add_bos_token: Any, prefix_token_id: int | None, seed: int, progress: Any) -> None:
+        """What the request methods read, wherever the requests then run."""
+        self.tokenizer = tokenizer
+        self._max_length = max_model_len - 2
         if max_length is not None and self._max_length < int(max_length):
             log.warning("max_length %s exceeds the model's positions; using %d", max_length, self._max_length)
         self._max_gen_toks = int(max_gen_toks)
@@ -94,7 +117,6 @@ class TokenmillLM(TemplateLM):
         self.custom_prefix_token_id = None if prefix_token_id is None else int(prefix_token_id)
         self.seed = int(seed)
         self.progress = bool(_flag(progress))
-        self.runs: list[RunStats] = []  # one per harness call, for whoever wants the figures
 
     # ---- what the harness asks of a model ----------------------------------------------
     @property
@@ -148,18 +170,30 @@ class TokenmillLM(TemplateLM):
             whole = (context + continuation)[-limit:]
             prompts.append(whole)
             starts.append(max(1, len(whole) - len(continuation)))  # a continuation longer than the window: all of it
+        answers = self._score(prompts, starts, disable_tqdm)
+        for (key, _, _), answer in zip(requests, answers, strict=True):
+            if key is not None:
+                self.cache_hook.add_partial("loglikelihood", key, answer)
+        return answers
+
+    def _score(self, prompts: list[list[int]], starts: list[int], disable_tqdm: bool) -> list[tuple[float, bool]]:
+        """(sum of the logprobs of ``prompt[start:]``, whether each of those tokens was the argmax)
+        per prompt. Here on this process's engine; ``harness.fleet_model`` runs them as a job."""
         params = [SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, prompt_logprobs_start=s)
                   for s in starts]
         outs, stats = run_prompts(self.llm, prompts, params, "loglikelihood", self.progress and not disable_tqdm)
         self.runs.append(stats)
         answers = []
-        for (key, _, _), prompt, start, out in zip(requests, prompts, starts, outs, strict=True):
+        for prompt, start, out in zip(prompts, starts, outs, strict=True):
             entries = [out.prompt_logprobs[p][prompt[p]] for p in range(start, len(prompt))]
-            answer = (sum(e.logprob for e in entries), all(e.rank == 1 for e in entries))
-            if key is not None:
-                self.cache_hook.add_partial("loglikelihood", key, answer)
-            answers.append(answer)
+            answers.append((sum(e.logprob for e in entries), all(e.rank == 1 for e in entries)))
         return answers
+
+    def _generate(self, prompts: list[list[int]], params: list[SamplingParams], disable_tqdm: bool) -> list[str]:
+        """Each prompt's generated text (stop strings and EOS applied by the engine)."""
+        outs, stats = run_prompts(self.llm, prompts, params, "generate_until", self.progress and not disable_tqdm)
+        self.runs.append(stats)
+        return [out.text for out in outs]
 
     def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
         """Each document's windows (the harness's rules, as the ``hf`` model cuts them), all
@@ -193,11 +227,10 @@ class TokenmillLM(TemplateLM):
             engine_stops = [s for s in until if s and len(s) <= MAX_STOP_LENGTH][:MAX_STOP]
             params.append(SamplingParams(max_tokens=max_gen_toks, stop=engine_stops, **kwargs))
             stops.append(until)
-        outs, stats = run_prompts(self.llm, prompts, params, "generate_until", self.progress and not disable_tqdm)
-        self.runs.append(stats)
+        texts = self._generate(prompts, params, disable_tqdm)
         results = []
-        for req, out, until in zip(requests, outs, stops, strict=True):
-            text = postprocess_generated_text(out.text, until, None)
+        for req, raw, until in zip(requests, texts, stops, strict=True):
+            text = postprocess_generated_text(raw, until, None)
             self.cache_hook.add_partial("generate_until", req.args, text)
             results.append(text)
         return results

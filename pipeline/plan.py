@@ -34,6 +34,7 @@ class RequestMode(StrEnum):
     GENERATE = "generate"  # one request per row (n samples share its prompt's KV blocks)
     LOGLIKELIHOOD = "loglikelihood"  # one request per answer choice, scored by its logprobs
     PERPLEXITY = "perplexity"  # every token of the document scored
+    TOKENS = "tokens"  # the row carries its prompt's token ids: generated from, or a span scored
 
 
 @dataclass

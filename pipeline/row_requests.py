@@ -68,7 +68,11 @@ class RequestBuilder:
         self.base = dict(plan.sampling)
         self.params = make_params(self.base)
         self.scorer = None
-        if plan.request_mode != RequestMode.GENERATE:
+        if plan.request_mode == RequestMode.TOKENS:
+            from pipeline.token_requests import TokenRequests
+
+            self.scorer = TokenRequests(self.row_params)
+        elif plan.request_mode != RequestMode.GENERATE:
             from pipeline.loglikelihood import Scorer
 
             self.scorer = Scorer(plan, engine)

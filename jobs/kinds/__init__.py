@@ -13,7 +13,8 @@ from typing import Literal, get_args
 from jobs.kinds.base import KINDS, JobKind
 
 # The kinds, spelled here only: the spec's ``kind`` field is this type (and its error lists them).
-KindName = Literal["summarize", "evaluate", "generate", "openai_batch", "perplexity", "extract"]
+KindName = Literal["summarize", "evaluate", "generate", "openai_batch", "perplexity", "extract",
+                   "harness_requests"]
 KIND_NAMES: tuple[str, ...] = get_args(KindName)
 
 

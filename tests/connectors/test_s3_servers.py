@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 from pipeline_support import expected_ids, make_plan, write_mixed_inputs, write_uniform_shards
 
-from connectors import read_manifest, read_parts, success_marker_exists, write_text
+from connectors import (
+    OutputLeased,
+    acquire_lease,
+    read_manifest,
+    read_parts,
+    success_marker_exists,
+    write_text,
+)
 from connectors.storage import S3_ENDPOINT_ENV, filesystem_for
 from pipeline.job_runner import run_embedded
 
@@ -50,6 +57,15 @@ def test_embedded_job_end_to_end_and_rerun(s3, tiny_model_dir) -> None:
     again = run_embedded(plan, progress=False)  # inputs unchanged: ETags match, nothing recomputed
     assert {s["status"] for s in again["shards"]} == {"skipped"}
     assert sorted(read_parts(plan.output_url, storage_options=opts).column("id").to_pylist()) == sorted(ids)
+
+
+def test_a_live_lease_refuses_a_second_run(s3) -> None:
+    """The exclusive create of an existing lease is refused on both servers (SeaweedFS answers
+    412, moto 'exists'): the second run is told which run holds the output."""
+    url = f"s3://{s3.bucket}/leased"
+    assert acquire_lease(url, "run-a", "first").run_id == "run-a"
+    with pytest.raises(OutputLeased, match="held by run run-a"):
+        acquire_lease(url, "run-b", "second")
 
 
 HUNG_SERVER_OPTS = {"config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1, "read_timeout": 1}}

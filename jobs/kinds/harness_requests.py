@@ -1,0 +1,41 @@
+"""Kind ``harness_requests``: rows that are lm-evaluation-harness requests, tokenized already.
+
+``harness.fleet_model`` writes one row per distinct request of a harness call (its token
+ids: a scored span or a prompt to generate from, ``pipeline.token_requests``) and submits
+this kind to the fleet; the parts hold each request's ``logprob`` and ``is_greedy`` or its
+generated ``output``, and the harness computes its metrics from them. The harness, not the
+job, owns prompts and tokenization, so a spec of this kind sets none.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from jobs.kinds.base import JobKind
+from pipeline.plan import PromptPlan, RequestMode
+from pipeline.token_requests import COLUMNS, SAMPLING_FIELD
+
+if TYPE_CHECKING:
+    from jobs.spec import JobSpec
+
+
+class HarnessRequests(JobKind):
+    name = "harness_requests"
+
+    def check(self, spec: JobSpec) -> None:
+        for name in ("system", "template", "prompt_field"):
+            if getattr(spec.prompt, name) is not None:
+                raise ValueError(f"prompt.{name}: kind 'harness_requests' rows carry their prompts as token ids")
+        if spec.prompt.few_shot:
+            raise ValueError("prompt.few_shot: kind 'harness_requests' rows carry their prompts as token ids")
+        clash = sorted((set(COLUMNS) | {SAMPLING_FIELD}) & set(spec.input.passthrough))
+        if clash:
+            raise ValueError(f"input.passthrough: {clash} clash with the request columns")
+
+    def plan_fields(self, spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
+        return {
+            "prompt": PromptPlan(prompt_field=spec.input.text_field),  # rendered but unused: rows carry token ids
+            "request_mode": RequestMode.TOKENS,
+            "sampling_field": SAMPLING_FIELD,
+            "extra_columns": dict(COLUMNS),
+        }
