@@ -168,5 +168,4 @@ class JobSpec(Section):
             from jobs.openai_merge import merge_options
 
             values["hook_options"] = {**values.get("hook_options", {}), **merge_options()}
-            values.setdefault("summary_hook", "jobs.openai_merge:merge_summary")
         return JobPlan(**values)

@@ -24,7 +24,7 @@ from pipeline.progress import RunProgress
 from pipeline.publish import begin_output, publish
 from pipeline.shard_driver import ShardDriver
 from pipeline.shard_outcome import ShardOutcome, ShardState
-from pipeline.summary import run_report_hook, run_summary_hook
+from pipeline.summary import run_report, run_summary
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +68,9 @@ def run_embedded(
         stats = engine_delta(before, driver.engine.stats())
         manifest = build_manifest(
             plan, outcomes, mode="embedded", started_at=started_at, elapsed_s=elapsed, engine_stats=stats,
-            summary=run_summary_hook(plan, outcomes),
+            summary=run_summary(plan, outcomes),
         )
-        report = run_report_hook(plan, manifest)
+        report = run_report(plan, manifest)
         if report:
             manifest["report"] = report
         publish(plan, manifest, outcomes)

@@ -24,6 +24,7 @@ from typing import Any
 
 from connectors import part_name, public_url
 from pipeline.job_status import JobStatus
+from pipeline.kind_steps import step_name
 from pipeline.plan import JobPlan
 from pipeline.shard_outcome import FINAL_SHARD_STATES, ShardOutcome, ShardState, entry_has_part
 
@@ -97,6 +98,7 @@ def build_manifest(
 ) -> dict[str, Any]:
     from engine.model_registry import DEFAULT_MODEL  # here: the fleet's status/cancel path stays torch-free
 
+    kind = plan.steps()
     outcomes = sorted(outcomes, key=lambda o: o.index)
     shards = [_shard_entry(o) for o in outcomes]
     count = {s.value: sum(o.state == s for o in outcomes) for s in FINAL_SHARD_STATES}
@@ -138,7 +140,7 @@ def build_manifest(
             "prompt_field": plan.prompt.prompt_field,
             "messages_field": plan.prompt.messages_field,
         },
-        "hooks": {"row_hook": plan.row_hook, "summary_hook": plan.summary_hook},
+        "hooks": {"row_hook": step_name(kind.row_step(plan)), "summary_hook": step_name(kind.summary_step(plan))},
         "started_at": started_at,
         "finished_at": utc_now(),
         "shards": shards,
