@@ -3,6 +3,7 @@ next shard is admitted while the previous one still decodes (fleet cross-shard f
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import pytest
@@ -118,9 +119,11 @@ def test_cancel_is_asked_through_any_task_of_the_run() -> None:
     feed = _PlanFeed(EngineThread(), "k")
 
     def task(index: int, should_stop) -> _ShardTask:
-        return _ShardTask(None, "k", None, None, should_stop, "w", None)  # type: ignore[arg-type]
+        shard = types.SimpleNamespace(index=index)
+        return _ShardTask(None, "k", shard, None, should_stop, "w", None)  # type: ignore[arg-type]
 
-    feed.taken = {0: task(0, None)}
+    feed.adopt([task(0, None)])
     assert feed.should_stop() is False  # nobody can ask: carry on
-    feed.taken[1] = task(1, lambda: True)
+    feed.adopt([task(1, lambda: True)])
     assert feed.should_stop() is True
+    assert feed.holds(1) and feed.finish(1) is not None and not feed.holds(1)
