@@ -157,7 +157,7 @@ class JobSpec(Section):
             output_storage_options=self.output_storage_options(),
             split_row_groups=self.input.split_row_groups,
             sampling=self.sampling.plan_values(),
-            engine=self.model.engine_settings(),
+            engine_settings=self.model.engine_settings(),
             truncate_prompt=self.truncate_prompt,
             openai_output=openai_output,
             checkpoint_rows=self.output.checkpoint_rows,

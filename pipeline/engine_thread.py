@@ -241,7 +241,7 @@ class EngineThread:
     def _run_plan(self, first: _ShardTask) -> None:
         """One driver run over every queued shard of ``first``'s plan, until another plan waits."""
         feed = _PlanFeed(self, first.plan_key)
-        settings = first.plan.engine
+        settings = first.plan.engine_settings
         try:
             driver = ShardDriver(
                 get_engine(settings), first.plan, cross_shard=self.cross_shard, on_progress=feed.notify,

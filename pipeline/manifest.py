@@ -130,8 +130,8 @@ def build_manifest(
         "mode": mode,
         "input_url": public_url(plan.input_url),
         "output_url": public_url(plan.output_url),
-        "model": plan.engine.get("model", DEFAULT_MODEL),
-        "engine": dict(plan.engine),
+        "model": plan.engine_settings.get("model", DEFAULT_MODEL),
+        "engine": dict(plan.engine_settings),
         "sampling": dict(plan.sampling),
         "prompt": {
             "system": plan.prompt.system,

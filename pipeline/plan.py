@@ -72,7 +72,7 @@ class JobPlan:
     split_row_groups: bool = False
     prompt: PromptPlan = field(default_factory=PromptPlan)
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields
-    engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields (model, dtype, ...)
+    engine_settings: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields (model, dtype, ...)
     truncate_prompt: bool = False  # cut over-long prompts instead of erroring the row
     hook_options: dict[str, Any] = field(default_factory=dict)  # the kind's options for its steps
     extra_columns: dict[str, str] = field(default_factory=dict)  # name -> arrow type ("float64", "string", "bool")
@@ -118,7 +118,7 @@ class JobPlan:
         if not self.prompt.raw_prompt:  # added later: absent when off, so earlier parts stay current
             shaping["prompt"] = {k: v for k, v in shaping["prompt"].items() if k != "raw_prompt"}
         shaping.update({k: data[k] for k, default in _OPTIONAL_OUTPUT_FIELDS.items() if data[k] != default})
-        shaping["engine"] = {k: self.engine.get(k) for k in _OUTPUT_ENGINE_FIELDS}
+        shaping["engine"] = {k: self.engine_settings.get(k) for k in _OUTPUT_ENGINE_FIELDS}  # key as first spelled
         digest = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()[:16]
         return f"{input_fingerprint}|plan={digest}"
 
@@ -129,5 +129,7 @@ class JobPlan:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobPlan:
         data = {k: v for k, v in data.items() if k not in _DERIVED_FIELDS}
+        if "engine" in data:  # a plan of an earlier version
+            data["engine_settings"] = data.pop("engine")
         data["prompt"] = PromptPlan(**data.get("prompt", {}))
         return cls(**data)

@@ -26,7 +26,7 @@ class ResultRows:
         self.plan = plan
         self.step = plan.steps().row_step(plan)
         self.extra_types = {f.name: f.type for f in schema if f.name in plan.extra_columns}
-        self.model = str(plan.engine.get("model", ""))
+        self.model = str(plan.engine_settings.get("model", ""))
 
     def build(self, record: Record, **values: Any) -> dict[str, Any]:
         """The row of ``record``: id, passthrough fields, then the fixed columns from ``values``

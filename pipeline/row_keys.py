@@ -31,7 +31,7 @@ class ContentKeys:
 
     def __init__(self, plan: JobPlan) -> None:
         head = {"kind": plan.kind, "request_mode": plan.request_mode, "mode_options": plan.mode_options,
-                "engine": {k: plan.engine.get(k) for k in _ENGINE_FIELDS}}
+                "engine": {k: plan.engine_settings.get(k) for k in _ENGINE_FIELDS}}
         self._head = hashlib.sha256(json.dumps(head, sort_keys=True, default=str).encode())
 
     def key(self, subs: list[SubRequest]) -> str:

@@ -13,6 +13,7 @@ import pytest
 
 from jobs import JobSpec
 from pipeline.manifest import build_manifest
+from pipeline.plan import JobPlan
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SHARD = "s3://in/a.jsonl@v1"
@@ -60,3 +61,15 @@ def test_part_fingerprint_is_pinned(case: str) -> None:
     assert plan.plan_digest() == digest
     manifest = build_manifest(plan, [], mode="embedded", started_at="t", elapsed_s=0.0)
     assert (manifest["hooks"]["row_hook"], manifest["hooks"]["summary_hook"]) == hooks
+
+
+def test_a_plan_of_an_earlier_version_reads_with_the_same_fingerprint() -> None:
+    """A plan dict from before the renames (``engine`` for the engine settings, hook names) still
+    reads, as a worker gets it from the broker during an upgrade, and its parts stay current."""
+    plan = _spec("extract", extract={"schema": SCHEMA}).to_plan("pin", read_only=True)
+    old = {k: v for k, v in plan.to_dict().items() if k != "engine_settings"}
+    old.update(engine=plan.engine_settings, row_hook="jobs.extract:extract_row",
+               summary_hook="jobs.extract:summarize_extract", report_hook=None)
+    read = JobPlan.from_dict(old)
+    assert read == plan and read.engine_settings == {"model": "smollm2-135m-instruct"}
+    assert read.part_fingerprint(SHARD) == f"{SHARD}|plan={CASES['extract'][1]}"

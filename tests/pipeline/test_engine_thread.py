@@ -55,7 +55,7 @@ def test_plans_take_turns_and_a_broken_plan_fails_only_its_shards(tmp_path: Path
         plan = make_plan(str(inp), str(tmp_path / name / "out"), tiny_model_dir, job_id=f"svc-{name}")
         runs[name] = (plan, list_shards(plan.input_url), ids)
     broken = make_plan(str(tmp_path / "a" / "in"), str(tmp_path / "broken-out"), tiny_model_dir,
-                       job_id="svc-broken", engine={"model": str(tmp_path / "no-such-model")})
+                       job_id="svc-broken", engine_settings={"model": str(tmp_path / "no-such-model")})
 
     service = EngineThread()
     (plan_a, shards_a, ids_a), (plan_b, shards_b, ids_b) = runs["a"], runs["b"]

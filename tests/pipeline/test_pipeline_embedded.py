@@ -149,12 +149,12 @@ def test_truncate_prompt(dirs, tiny_model_dir) -> None:
     long_text = " ".join(f"word{i}" for i in range(400))
     local_put(inp)("long.jsonl", (json.dumps({"id": "long", "text": long_text, "lang": "en"}) + "\n").encode())
     engine = tiny_engine(tiny_model_dir, max_model_len=256)
-    strict = make_plan(str(inp), str(out / "strict"), tiny_model_dir, engine=engine)
+    strict = make_plan(str(inp), str(out / "strict"), tiny_model_dir, engine_settings=engine)
     run_embedded(strict, progress=False)
     (row,) = read_parts(strict.output_url).to_pylist()
     assert row["error"].startswith("row 0: prompt is") and "context is 256 tokens" in row["error"]
 
-    cut = make_plan(str(inp), str(out / "cut"), tiny_model_dir, engine=engine, truncate_prompt=True)
+    cut = make_plan(str(inp), str(out / "cut"), tiny_model_dir, engine_settings=engine, truncate_prompt=True)
     run_embedded(cut, progress=False)
     (row,) = read_parts(cut.output_url).to_pylist()
     assert row["error"] is None and 128 <= row["prompt_tokens"] < 256 and row["output_tokens"] == 4
