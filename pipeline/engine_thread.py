@@ -37,8 +37,9 @@ from connectors import ShardRef
 from pipeline.engine_cache import get_engine, rebuild_engine
 from pipeline.metrics import step_observer
 from pipeline.plan import JobPlan
-from pipeline.shard_driver import ProgressCallback, ShardDriver
+from pipeline.shard_driver import ShardDriver
 from pipeline.shard_outcome import ShardOutcome, ShardState
+from pipeline.shard_reports import ProgressCallback
 
 log = logging.getLogger(__name__)
 
