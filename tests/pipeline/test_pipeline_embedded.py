@@ -93,7 +93,8 @@ def test_unreadable_shard_fails_alone(dirs, tiny_model_dir) -> None:
     assert "cannot read shard" in by_name["broken.parquet"]["reason"]
     assert manifest["status"] == "completed_with_errors"
     assert not success_marker_exists(plan.output_url)
-    assert by_name["broken.parquet"]["part"] and not (out / by_name["broken.parquet"]["part"]).exists()
+    assert by_name["broken.parquet"]["part_file"] and not (out / by_name["broken.parquet"]["part_file"]).exists()
+    assert by_name["broken.parquet"]["part_file"] == f"part-{by_name['broken.parquet']['part']}.parquet"
     assert sorted(read_parts(plan.output_url).column("id").to_pylist()) == sorted(ids)
 
 
