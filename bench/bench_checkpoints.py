@@ -64,7 +64,7 @@ def run_once(engine: LLMEngine, settings: dict, inp: Path, output_url: str, rows
         output_url=f"{output_url.rstrip('/')}/{uuid.uuid4().hex[:8]}", id_field="id",
         prompt=PromptPlan(system=workload_mod.INSTRUCTION, user_template="{text}"),
         sampling={"temperature": 0.0, "ignore_eos": True, "max_tokens": 512}, sampling_field="sampling",
-        engine=settings, checkpoint_rows=rows, checkpoint_seconds=seconds,
+        engine_settings=settings, checkpoint_rows=rows, checkpoint_seconds=seconds,
     )
     t = time.perf_counter()
     manifest = run_embedded(plan, progress=False, engine=engine)

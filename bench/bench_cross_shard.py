@@ -51,7 +51,7 @@ def run_mode(cross: bool, args, inp: Path, out: Path) -> dict:
         job_id=f"bench-{'cross' if cross else 'drain'}", name="bench", kind="summarize",
         input_url=str(inp), output_url=str(out / ("cross" if cross else "drain")), id_field="id",
         prompt=PromptPlan(system="Summarize the document in one sentence.", user_template="Document:\n{text}"),
-        sampling={"max_tokens": args.max_tokens, "temperature": 0.0}, engine=settings,
+        sampling={"max_tokens": args.max_tokens, "temperature": 0.0}, engine_settings=settings,
     )
     t = time.perf_counter()
     manifest = run_embedded(plan, progress=False, cross_shard=cross, engine=engine)

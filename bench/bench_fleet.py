@@ -37,7 +37,7 @@ def run_mode(pool: str, concurrency: int, args, inp: Path, out: Path) -> dict:
             job_id=f"bench-fleet-{name}-{fleet.run}", name="bench", kind="summarize", input_url=str(inp),
             output_url=str(out / name), id_field="id",
             prompt=PromptPlan(system="Summarize the document in one sentence.", user_template="Document:\n{text}"),
-            sampling={"max_tokens": args.max_tokens, "temperature": 0.0}, engine=settings,
+            sampling={"max_tokens": args.max_tokens, "temperature": 0.0}, engine_settings=settings,
         )
         t = time.perf_counter()
         job_id = fleet.submit(plan)

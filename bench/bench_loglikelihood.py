@@ -69,8 +69,8 @@ def spec_for(data: Path, out: Path, rows: list[dict], shots: int, args) -> JobSp
 def run_mode(prefix: bool, spec: JobSpec, out: Path) -> tuple[dict, list]:
     plan = spec.to_plan(f"bench-ll8-{'on' if prefix else 'off'}")
     plan.output_url = str(out)
-    plan.engine = {**plan.engine, "enable_prefix_caching": prefix}
-    engine = LLMEngine(EngineConfig(**plan.engine))
+    plan.engine_settings = {**plan.engine_settings, "enable_prefix_caching": prefix}
+    engine = LLMEngine(EngineConfig(**plan.engine_settings))
     warm_up(engine)
     t = time.perf_counter()
     manifest = run_embedded(plan, progress=False, engine=engine)

@@ -110,7 +110,7 @@ def main() -> None:
                 job_id=f"soak-{fleet.run}", name="soak", kind="summarize", input_url=f"s3://{bucket}/in/",
                 output_url=f"s3://{bucket}/out", id_field="id",
                 prompt=PromptPlan(system=INSTRUCTION, user_template="Document:\n{text}"),
-                sampling={"max_tokens": args.max_tokens, "temperature": 0.0}, engine=settings,
+                sampling={"max_tokens": args.max_tokens, "temperature": 0.0}, engine_settings=settings,
             )
             t = time.perf_counter()
             job_id = fleet.submit(plan)

@@ -33,12 +33,8 @@ from connectors.parquet_sink import (
     part_is_current,
     part_name,
     part_url,
-    read_part_columns,
     read_part_footer,
-    read_part_head,
-    read_part_if_any,
     read_part_result,
-    read_parts,
     remove_stale_parts,
     write_part,
 )
@@ -52,6 +48,7 @@ from connectors.part_lines import (
     part_lines_url,
     write_part_lines,
 )
+from connectors.part_reads import read_part_columns, read_part_head, read_part_if_any, read_parts
 from connectors.records import Record, ShardReadError, read_records
 from connectors.shards import ShardRef, detect_format, list_shards
 from connectors.storage import (

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from connectors.atomic import atomic_write
-from connectors.storage import StorageError, filesystem_for, is_transient, join_url, with_retries
+from connectors.storage import filesystem_for, is_transient, join_url, with_retries
 
 log = logging.getLogger(__name__)
 
@@ -180,27 +180,6 @@ def read_part_result(output_url: str, part: PartId, storage_options: dict | None
     return json.loads(raw) if raw else {}
 
 
-def read_part_if_any(
-    output_url: str, part: PartId, columns: list[str], storage_options: dict | None = None
-) -> pa.Table | None:
-    """Those of ``columns`` that a part has, or None if there is no part or it cannot be read
-    (an earlier run's part, read for what it can spare the next one)."""
-    url = part_url(output_url, part)
-    fs, path = filesystem_for(url, storage_options)
-    fs.invalidate_cache(path)
-
-    def read() -> pa.Table:
-        with fs.open(path, "rb") as f:
-            pf = pq.ParquetFile(f)
-            return pf.read(columns=[c for c in columns if c in pf.schema_arrow.names])
-
-    try:
-        return with_retries(read, what=f"read {url}")
-    except FileNotFoundError:
-        return None
-    except Exception as exc:
-        log.warning("cannot read the previous part %s: %s", url, exc)
-        return None
 
 
 def part_is_current(
@@ -237,72 +216,3 @@ def remove_stale_parts(output_url: str, keep: Iterable[PartId], storage_options:
         log.info("removed %d stale parts from %s: %s", len(removed), output_url, ", ".join(removed))
         fs.invalidate_cache()
     return removed
-
-
-def read_parts(
-    output_url: str, storage_options: dict | None = None, parts: list[str] | None = None
-) -> pa.Table:
-    """The job's parts concatenated in shard order (for tests and status): the part file names
-    given, else those the manifest lists, else every `part-*.parquet` under `output_url`."""
-    from connectors.manifest import read_manifest
-
-    fs, base = filesystem_for(output_url, storage_options)
-    base = base.rstrip("/")
-    fs.invalidate_cache()
-    if parts is None:
-        manifest = read_manifest(output_url, storage_options)
-        parts = manifest.get("parts") if manifest else None
-    if parts is not None:
-        paths = [posixpath.join(base, name) for name in parts]
-    else:
-        pattern = posixpath.join(base, "part-*.parquet")
-        paths = sorted(with_retries(lambda: fs.glob(pattern), what=f"list parts of {output_url}"))
-
-    def read(path: str) -> pa.Table:
-        with fs.open(path, "rb") as f:
-            return pq.read_table(f).replace_schema_metadata(None)
-
-    tables = []
-    for path in paths:
-        try:
-            tables.append(with_retries(lambda p=path: read(p), what=f"read {fs.unstrip_protocol(path)}"))
-        except (FileNotFoundError, PermissionError) as exc:
-            raise StorageError(f"cannot read part {fs.unstrip_protocol(path)}: {exc}", output_url) from exc
-    if not tables:
-        return pa.table({})
-    return pa.concat_tables(tables, promote_options="permissive")
-
-
-def read_part_columns(
-    output_url: str, parts: list[PartId], columns: list[str], storage_options: dict | None = None
-) -> pa.Table | None:
-    """Some columns of the given parts, in the order given (None when no part is given): for
-    summaries over a job's output that need its counts and scores, not its text."""
-    tables = []
-    for index in parts:
-        url = part_url(output_url, index)
-        fs, path = filesystem_for(url, storage_options)
-
-        def read(fs=fs, path=path) -> pa.Table:
-            with fs.open(path, "rb") as f:
-                return pq.read_table(f, columns=columns).replace_schema_metadata(None)
-
-        tables.append(with_retries(read, what=f"read {url}"))
-    return pa.concat_tables(tables, promote_options="permissive") if tables else None
-
-
-def read_part_head(
-    output_url: str, part: PartId, columns: list[str], count: int, storage_options: dict | None = None
-) -> list[dict]:
-    """The first ``count`` rows of a part (only ``columns``), reading one batch, not the part."""
-    url = part_url(output_url, part)
-    fs, path = filesystem_for(url, storage_options)
-
-    def read() -> list[dict]:
-        with fs.open(path, "rb") as f:
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=count, columns=columns):
-                return batch.to_pylist()[:count]
-        return []
-
-    return with_retries(read, what=f"read {url}")
-

@@ -11,8 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from connectors import part_id_of, read_part_head
-from pipeline.shard_outcome import entry_has_part
+from connectors import read_part_head
+from pipeline.shard_outcome import entry_has_part, entry_part_id
 
 _STATUS_STYLE = {
     "succeeded": "green", "done": "green", "skipped": "green", "completed_with_errors": "yellow",
@@ -33,7 +33,7 @@ def read_samples(manifest: dict[str, Any], storage_options: dict[str, Any] | Non
         if not entry_has_part(shard):
             continue
         samples += read_part_head(
-            manifest["output_url"], part_id_of(shard["part"]), ["id", "output", "error"], count - len(samples),
+            manifest["output_url"], entry_part_id(shard), ["id", "output", "error"], count - len(samples),
             storage_options,
         )
     return samples

@@ -2,7 +2,7 @@
 
 The pipeline has each part's lines written next to it (``connectors.part_lines``: parts
 are written by different workers and must stay idempotent); the OpenAI batch API hands
-back one file. The join runs in the job's summary hook, which both the embedded runner
+back one file. The join runs in the job's summary step, which both the embedded runner
 and the fleet's finalizer call once every part is written. It takes the parts of this job's done and
 skipped shards (``pipeline.summary.OUTPUT_KEY``), never whatever ``part-*.jsonl`` the
 folder holds: a part left from an input that is gone must not add its lines.
@@ -21,8 +21,12 @@ OPTIONS_KEY = "openai_output"
 
 
 def merge_options() -> dict[str, Any]:
-    """The hook option asking for the join (the output's location comes with the summary call)."""
+    """The kind option asking for the join (the output's location comes with the summary call)."""
     return {OPTIONS_KEY: True}
+
+
+def merge_requested(options: dict[str, Any]) -> bool:
+    return bool(options.get(OPTIONS_KEY))
 
 
 def _is_error(line: bytes) -> bool:
@@ -38,11 +42,11 @@ def merge_lines(output_url: str, parts: list[str], storage_options: dict[str, An
 
 def merge_if_requested(options: dict[str, Any]) -> dict[str, Any] | None:
     output = options.get(OUTPUT_KEY)
-    if not options.get(OPTIONS_KEY) or not output:
+    if not merge_requested(options) or not output:
         return None
     return merge_lines(output["url"], output["parts"], output.get("storage_options"))
 
 
 def merge_summary(table: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """Summary hook of kinds without their own: just the join (and its counts)."""
+    """Summary step of kinds without their own: just the join (and its counts)."""
     return {"openai_output": merge_if_requested(options)}

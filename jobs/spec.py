@@ -157,7 +157,7 @@ class JobSpec(Section):
             output_storage_options=self.output_storage_options(),
             split_row_groups=self.input.split_row_groups,
             sampling=self.sampling.plan_values(),
-            engine=self.model.engine_settings(),
+            engine_settings=self.model.engine_settings(),
             truncate_prompt=self.truncate_prompt,
             openai_output=openai_output,
             checkpoint_rows=self.output.checkpoint_rows,
@@ -168,5 +168,4 @@ class JobSpec(Section):
             from jobs.openai_merge import merge_options
 
             values["hook_options"] = {**values.get("hook_options", {}), **merge_options()}
-            values.setdefault("summary_hook", "jobs.openai_merge:merge_summary")
         return JobPlan(**values)

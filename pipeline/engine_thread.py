@@ -37,8 +37,9 @@ from connectors import ShardRef
 from pipeline.engine_cache import get_engine, rebuild_engine
 from pipeline.metrics import step_observer
 from pipeline.plan import JobPlan
-from pipeline.shard_driver import ProgressCallback, ShardDriver
+from pipeline.shard_driver import ShardDriver
 from pipeline.shard_outcome import ShardOutcome, ShardState
+from pipeline.shard_reports import ProgressCallback
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class _PlanFeed:
 
     def __init__(self, service: EngineThread, key: str) -> None:
         self.service, self.key = service, key
-        self.taken: dict[int, _ShardTask] = {}
+        self._taken: dict[int, _ShardTask] = {}  # the shards this run holds open, by index
         self.closed = False  # set once another plan's shard waits: this run takes no more
         self.handing_back = False  # the grace period ran out: open shards are given back
 
@@ -77,13 +78,35 @@ class _PlanFeed:
         task = self.service.take_task(self, wait)
         if task is None:
             return None
-        self.taken[task.shard.index] = task
+        self._taken[task.shard.index] = task
         return task.shard
+
+    def close(self) -> None:
+        """Take no more shards (another plan waits, or the worker drains)."""
+        self.closed = True
+
+    def holds(self, index: int) -> bool:
+        return index in self._taken
+
+    def adopt(self, tasks: list[_ShardTask]) -> None:
+        """Hold ``tasks`` as if taken (the run failed before it took them: they fail with it)."""
+        self._taken.update({t.shard.index: t for t in tasks})
+
+    def finish(self, index: int) -> _ShardTask | None:
+        """The open task of shard ``index``, no longer held (None: not this run's)."""
+        return self._taken.pop(index, None)
+
+    def open_tasks(self) -> list[_ShardTask]:
+        return list(self._taken.values())
+
+    def release(self) -> None:
+        """Hold nothing any more (every open task was answered)."""
+        self._taken.clear()
 
     def notify(self, progress: ShardOutcome) -> None:
         if self.handing_back and progress.state == ShardState.CANCELLED:
             return  # not cancelled: handed back, and the task reports that itself
-        task = self.taken.get(progress.index)
+        task = self._taken.get(progress.index)
         if task is not None and task.on_progress is not None:
             task.on_progress(progress)
 
@@ -94,7 +117,7 @@ class _PlanFeed:
         if self.service.hand_back_due():
             self.handing_back = True
             return True
-        checks = [t.should_stop for t in self.taken.values() if t.should_stop is not None]
+        checks = [t.should_stop for t in self._taken.values() if t.should_stop is not None]
         return bool(checks) and checks[0]()
 
 
@@ -134,14 +157,14 @@ class EngineThread:
         redelivered duplicate) waits until the first copy is written, and is then found
         current and skipped."""
         if self.draining:
-            feed.closed = True
+            feed.close()
         if feed.closed:
             return None
         for task in self._queue:
             if task.plan_key != feed.key:
-                feed.closed = True
+                feed.close()
                 return None
-            if task.shard.index not in feed.taken:
+            if not feed.holds(task.shard.index):
                 self._queue.remove(task)
                 return task
         return None
@@ -219,7 +242,7 @@ class EngineThread:
     def _run_plan(self, first: _ShardTask) -> None:
         """One driver run over every queued shard of ``first``'s plan, until another plan waits."""
         feed = _PlanFeed(self, first.plan_key)
-        settings = first.plan.engine
+        settings = first.plan.engine_settings
         try:
             driver = ShardDriver(
                 get_engine(settings), first.plan, cross_shard=self.cross_shard, on_progress=feed.notify,
@@ -228,7 +251,7 @@ class EngineThread:
                 hand_back=lambda: feed.handing_back,
             )
             for outcome in driver.run(feed):
-                task = feed.taken.pop(outcome.index, None)
+                task = feed.finish(outcome.index)
                 if task is None:
                     continue
                 if feed.handing_back and outcome.state == ShardState.CANCELLED:
@@ -242,18 +265,18 @@ class EngineThread:
             log.exception("engine thread run failed")
             reason = f"cannot process: {type(exc).__name__}: {exc}"
             with self._cond:
-                if not feed.taken:  # never got going: the first shard (and its plan's queue) fails
+                if not feed.open_tasks():  # never got going: the first shard (and its plan's queue) fails
                     stranded = [t for t in self._queue if t.plan_key == first.plan_key]
                     for t in stranded:
                         self._queue.remove(t)
-                    feed.taken.update({t.shard.index: t for t in stranded})
-            for task in feed.taken.values():
+                    feed.adopt(stranded)
+            for task in feed.open_tasks():
                 with contextlib.suppress(Exception):  # the shard's state must not stay "running"
                     feed.notify(ShardOutcome(task.shard.index, task.shard.url, ShardState.FAILED, reason=reason))
                 task.future.set_result(
                     ShardOutcome(task.shard.index, task.shard.url, ShardState.FAILED, reason=reason, worker=task.worker)
                 )
-            feed.taken.clear()
+            feed.release()
 
 
 _engine_thread: EngineThread | None = None

@@ -27,6 +27,7 @@ from connectors import (
     literal_credentials,
 )
 from pipeline.celery_app import DEFAULT_BROKER_URL, DEFAULT_QUEUE, DEFAULT_RESULT_BACKEND, make_app
+from pipeline.job_progress import job_progress
 from pipeline.job_state import JobStateStore
 from pipeline.job_status import FINAL_JOB_STATUSES, JobStatus
 from pipeline.manifest import public_url, utc_now
@@ -173,19 +174,16 @@ def live_status(job_id: str, meta: dict[str, Any], shards: dict[int, dict[str, A
         }
         for i, s in shards.items()
     ]
-    count = {state.value: sum(r["state"] == state for r in rows)
-             for state in (ShardState.QUEUED, ShardState.RUNNING, ShardState.RETRYING, *FINAL_SHARD_STATES)}
     started = [s["started_at"] for s in shards.values() if s.get("started_at")]
     finished = meta.get("finished_at")
     elapsed = ((finished or now) - min(started)) if started else 0.0
-    output_tokens = sum(r["output_tokens"] for r in rows)
     status = meta.get("status", JobStatus.QUEUED.value)
     if status not in FINAL_JOB_STATUSES:
         if meta.get("cancel_requested_at"):
             status = JobStatus.CANCELLING.value
         elif rows and all(r["state"] in FINAL_SHARD_STATES for r in rows):
             status = JobStatus.FINALIZING.value
-        elif count["queued"] < len(rows):
+        elif any(r["state"] != ShardState.QUEUED for r in rows):
             status = JobStatus.RUNNING.value
     return {
         "job_id": job_id,
@@ -194,17 +192,10 @@ def live_status(job_id: str, meta: dict[str, Any], shards: dict[int, dict[str, A
         "status": status,
         "output_url": meta.get("output_url"),
         "shards": rows,
-        "progress": {
-            "shards_total": len(rows),
-            **{f"shards_{k}": v for k, v in count.items()},
-            "rows_done": sum(r["rows_done"] for r in rows),
-            "errors": sum(r["errors"] for r in rows),
-            "output_tokens": output_tokens,
-            "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
-            "cached_prompt_tokens": sum(r["cached_prompt_tokens"] for r in rows),
-            "tokens_per_s": round(output_tokens / elapsed, 2) if elapsed > 0 else 0.0,
-            "elapsed_s": round(elapsed, 2),
-        },
+        "progress": job_progress(
+            rows, (ShardState.QUEUED, ShardState.RUNNING, ShardState.RETRYING, *FINAL_SHARD_STATES), elapsed,
+            token_columns=("output_tokens", "prompt_tokens", "cached_prompt_tokens"), elapsed_digits=2,
+        ),
     }
 
 

@@ -24,7 +24,7 @@ from pipeline.progress import RunProgress
 from pipeline.publish import begin_output, publish
 from pipeline.shard_driver import ShardDriver
 from pipeline.shard_outcome import ShardOutcome, ShardState
-from pipeline.summary import run_report_hook, run_summary_hook
+from pipeline.summary import run_report, run_summary
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def run_embedded(
 ) -> dict[str, Any]:
     """Process every shard of ``plan`` here and return the manifest (also written to the output).
 
-    ``engine`` defaults to the process's cached engine for ``plan.engine``;
+    ``engine`` defaults to the process's cached engine for ``plan.engine_settings``;
     ``cross_shard=False`` drains the engine between shards (benchmarking only);
     ``on_progress`` also gets every shard's progress (the HTTP service's embedded runner).
     """
@@ -51,11 +51,11 @@ def run_embedded(
     )
     with holding_output(plan):
         begin_output(plan)
-        engine = engine or get_engine(plan.engine)
+        engine = engine or get_engine(plan.engine_settings)
         before = engine.stats()
         driver = ShardDriver(
             engine, plan, cross_shard=cross_shard, should_stop=should_stop,
-            engine_factory=lambda: rebuild_engine(plan.engine), on_step=step_observer(plan),
+            engine_factory=lambda: rebuild_engine(plan.engine_settings), on_step=step_observer(plan),
         )
         outcomes: list[ShardOutcome] = []
         with RunProgress(len(shards), engine, enabled=progress) as bar:
@@ -68,9 +68,9 @@ def run_embedded(
         stats = engine_delta(before, driver.engine.stats())
         manifest = build_manifest(
             plan, outcomes, mode="embedded", started_at=started_at, elapsed_s=elapsed, engine_stats=stats,
-            summary=run_summary_hook(plan, outcomes),
+            summary=run_summary(plan, outcomes),
         )
-        report = run_report_hook(plan, manifest)
+        report = run_report(plan, manifest)
         if report:
             manifest["report"] = report
         publish(plan, manifest, outcomes)

@@ -10,8 +10,10 @@ Nothing from ``storage_options`` or ``hook_options`` is written, and URLs (in re
 too) lose any ``user:password@`` part.
 
 The manifest is the authority on which parts belong to the job: each shard names its
-part (``part-<id>.parquet``, an id that does not move when other inputs come and go) and
-``parts`` lists those of done and skipped shards, in shard order. Readers take the parts
+part, by id (``part``, an id that does not move when other inputs come and go) and by file
+(``part_file``, ``part-<id>.parquet``), and ``parts`` lists the files of done and skipped
+shards, in shard order (manifests of earlier versions have the file name in ``part``:
+``pipeline.shard_outcome.entry_part_id`` reads both). Readers take the parts
 listed there, not whatever ``part-*`` files the folder holds. ``part_commit`` is the id in
 each part's footer (its identity beyond the name): a part another run replaced has another.
 """
@@ -24,13 +26,20 @@ from typing import Any
 
 from connectors import part_name, public_url
 from pipeline.job_status import JobStatus
+from pipeline.kind_steps import step_name
 from pipeline.plan import JobPlan
-from pipeline.shard_outcome import FINAL_SHARD_STATES, ShardOutcome, ShardState, entry_has_part
+from pipeline.shard_outcome import (
+    FINAL_SHARD_STATES,
+    ShardOutcome,
+    ShardState,
+    entry_has_part,
+    entry_part_file,
+)
 
 log = logging.getLogger(__name__)
 
 _SHARD_FIELDS = (
-    "index", "url", "part", "status", "rows", "errors", "reason", "prompt_tokens", "output_tokens",
+    "index", "url", "part", "part_file", "status", "rows", "errors", "reason", "prompt_tokens", "output_tokens",
     "cached_prompt_tokens", "seconds", "worker", "rows_resumed", "rows_reused", "rows_shared", "part_commit",
 )
 _COUNTERS = (
@@ -77,10 +86,10 @@ def _worker_engine_stats(outcomes: list[ShardOutcome]) -> dict[str, dict[str, An
 
 def _shard_entry(outcome: ShardOutcome) -> dict[str, Any]:
     result = outcome.to_result_dict()
+    result["part_file"] = part_name(result["part"]) if result["part"] else None
     entry = {k: result[k] for k in _SHARD_FIELDS}
     entry["url"] = public_url(entry["url"] or "")
     entry["reason"] = public_url(entry["reason"]) if entry["reason"] else entry["reason"]
-    entry["part"] = part_name(entry["part"]) if entry["part"] else None
     return entry
 
 
@@ -97,6 +106,7 @@ def build_manifest(
 ) -> dict[str, Any]:
     from engine.model_registry import DEFAULT_MODEL  # here: the fleet's status/cancel path stays torch-free
 
+    kind = plan.steps()
     outcomes = sorted(outcomes, key=lambda o: o.index)
     shards = [_shard_entry(o) for o in outcomes]
     count = {s.value: sum(o.state == s for o in outcomes) for s in FINAL_SHARD_STATES}
@@ -128,8 +138,8 @@ def build_manifest(
         "mode": mode,
         "input_url": public_url(plan.input_url),
         "output_url": public_url(plan.output_url),
-        "model": plan.engine.get("model", DEFAULT_MODEL),
-        "engine": dict(plan.engine),
+        "model": plan.engine_settings.get("model", DEFAULT_MODEL),
+        "engine": dict(plan.engine_settings),
         "sampling": dict(plan.sampling),
         "prompt": {
             "system": plan.prompt.system,
@@ -138,11 +148,11 @@ def build_manifest(
             "prompt_field": plan.prompt.prompt_field,
             "messages_field": plan.prompt.messages_field,
         },
-        "hooks": {"row_hook": plan.row_hook, "summary_hook": plan.summary_hook},
+        "hooks": {"row_hook": step_name(kind.row_step(plan)), "summary_hook": step_name(kind.summary_step(plan))},
         "started_at": started_at,
         "finished_at": utc_now(),
         "shards": shards,
-        "parts": [s["part"] for s in shards if entry_has_part(s)],
+        "parts": [entry_part_file(s) for s in shards if entry_has_part(s)],  # file names
         "totals": totals,
         "engine_stats": stats,
         "summary": summary,

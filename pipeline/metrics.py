@@ -57,7 +57,7 @@ def model_label(engine_settings: dict[str, Any]) -> str:
 
 
 def plan_labels(plan: Any) -> tuple[str, str]:
-    return str(plan.kind), model_label(plan.engine)
+    return str(plan.kind), model_label(plan.engine_settings)
 
 
 def snapshot() -> dict[str, Any]:

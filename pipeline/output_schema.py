@@ -71,7 +71,7 @@ def passthrough_value(value: Any) -> str | None:
 
 
 def coerce_extra(value: Any, t: pa.DataType) -> Any:
-    """A hook's value as the column's Python type; raises ValueError/TypeError if it is not one."""
+    """A row step's value as the column's Python type; raises ValueError/TypeError if it is not one."""
     if value is None:
         return None
     if pa.types.is_list(t):

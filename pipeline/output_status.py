@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from connectors import list_shards, part_is_current, read_manifest, read_part_commit, success_marker_exists
+from pipeline.job_progress import job_progress
 from pipeline.manifest import public_url
 from pipeline.plan import JobPlan
 from pipeline.publish import replaced_reason
@@ -55,16 +56,8 @@ def status_from_output(plan: JobPlan) -> dict[str, Any]:
     else:
         status = manifest["status"]
     elapsed = manifest.get("engine_stats", {}).get("elapsed_s", 0.0) if ours else 0.0
-    count = {state.value: sum(r["state"] == state for r in rows)
-             for state in (ShardState.QUEUED, ShardState.RUNNING, *FINAL_SHARD_STATES)}
-    output_tokens = sum(r["output_tokens"] for r in rows)
     return {
         "job_id": plan.job_id, "name": plan.name, "status": status, "output_url": public_url(plan.output_url),
         "shards": rows,
-        "progress": {
-            "shards_total": len(rows), **{f"shards_{k}": v for k, v in count.items()},
-            "rows_done": sum(r["rows_done"] for r in rows), "errors": sum(r["errors"] for r in rows),
-            "output_tokens": output_tokens,
-            "tokens_per_s": round(output_tokens / elapsed, 2) if elapsed else 0.0, "elapsed_s": elapsed,
-        },
+        "progress": job_progress(rows, (ShardState.QUEUED, ShardState.RUNNING, *FINAL_SHARD_STATES), elapsed),
     }

@@ -12,14 +12,18 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from pipeline.kind_steps import KindSteps, plan_kind, step_name
+
 # Plan fields that change what a part holds; a part written under other values is stale.
 _OUTPUT_FIELDS = (
     "kind", "input_format", "id_field", "text_field", "passthrough_fields", "prompt", "sampling",
-    "truncate_prompt", "row_hook", "hook_options", "extra_columns", "openai_output",
+    "truncate_prompt", "hook_options", "extra_columns", "openai_output",
 )
 # Also shaping, but only counted when set, so plans that do not use them keep their fingerprints.
 _OPTIONAL_OUTPUT_FIELDS = {"request_mode": "generate", "mode_options": {}, "sampling_field": None}
 _OUTPUT_ENGINE_FIELDS = ("model", "dtype", "max_model_len")
+# Plan fields of earlier versions that the kind now derives: ignored when a plan is read back.
+_DERIVED_FIELDS = ("row_hook", "summary_hook", "report_hook")
 # A shard commits its finished rows at least this often (pipeline.part_sink): a reclaimed worker
 # loses at most two minutes of a shard's rows plus those in flight, and a checkpoint (a few
 # small object writes) comes seldom enough to cost well under 1% of a worker's time. The row
@@ -55,7 +59,7 @@ class PromptPlan:
 class JobPlan:
     job_id: str
     name: str
-    kind: str  # the job kind's name (jobs.kinds.KindName)
+    kind: str  # the job kind's name: its registered class owns its steps (pipeline.kind_steps)
     input_url: str
     output_url: str
     input_format: str | None = None  # None: from the file names
@@ -69,16 +73,9 @@ class JobPlan:
     split_row_groups: bool = False
     prompt: PromptPlan = field(default_factory=PromptPlan)
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields
-    engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields (model, dtype, ...)
+    engine_settings: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields (model, dtype, ...)
     truncate_prompt: bool = False  # cut over-long prompts instead of erroring the row
-    # Optional per-row and per-job hooks of the job kind, as "module:function" inside the
-    # ``jobs`` package (e.g. the evaluation scorer). Only ``jobs.`` modules may be named.
-    row_hook: str | None = None
-    summary_hook: str | None = None
-    # Called as fn(manifest, storage_options) -> {name: url} once the job's manifest is built,
-    # in embedded and fleet runs alike (the evaluation report); the urls go in the manifest.
-    report_hook: str | None = None
-    hook_options: dict[str, Any] = field(default_factory=dict)
+    hook_options: dict[str, Any] = field(default_factory=dict)  # the kind's options for its steps
     extra_columns: dict[str, str] = field(default_factory=dict)  # name -> arrow type ("float64", "string", "bool")
     openai_output: bool = False  # also write OpenAI batch output JSONL lines
     # How a row becomes engine requests (pipeline.row_requests); mode_options configure it.
@@ -95,6 +92,11 @@ class JobPlan:
             raise ValueError(f"unknown request mode {self.request_mode!r}: "
                              f"expected one of {', '.join(m.value for m in RequestMode)}")
         self.request_mode = RequestMode(self.request_mode)  # a plan read back from JSON holds the string
+        self.steps()  # a kind the registry does not hold is refused here, before any work
+
+    def steps(self) -> KindSteps:
+        """The plan's job kind, which gives its row, summary and report steps."""
+        return plan_kind(self.kind)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,10 +115,11 @@ class JobPlan:
         shapes its rows, so a re-run with another prompt, model or sampling recomputes."""
         data = self.to_dict()
         shaping = {k: data[k] for k in _OUTPUT_FIELDS}
+        shaping["row_hook"] = step_name(self.steps().row_step(self))  # the row step shapes the kind's columns
         if not self.prompt.raw_prompt:  # added later: absent when off, so earlier parts stay current
             shaping["prompt"] = {k: v for k, v in shaping["prompt"].items() if k != "raw_prompt"}
         shaping.update({k: data[k] for k, default in _OPTIONAL_OUTPUT_FIELDS.items() if data[k] != default})
-        shaping["engine"] = {k: self.engine.get(k) for k in _OUTPUT_ENGINE_FIELDS}
+        shaping["engine"] = {k: self.engine_settings.get(k) for k in _OUTPUT_ENGINE_FIELDS}  # key as first spelled
         digest = hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()[:16]
         return f"{input_fingerprint}|plan={digest}"
 
@@ -126,6 +129,8 @@ class JobPlan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobPlan:
-        data = dict(data)
+        data = {k: v for k, v in data.items() if k not in _DERIVED_FIELDS}
+        if "engine" in data:  # a plan of an earlier version
+            data["engine_settings"] = data.pop("engine")
         data["prompt"] = PromptPlan(**data.get("prompt", {}))
         return cls(**data)

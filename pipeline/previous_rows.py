@@ -4,7 +4,7 @@ computes those rows, not the file.
 
 Only results that are whole in a part are taken: generate mode (a scoring mode's values and
 an OpenAI batch line's choices are not all kept in the part) and rows without an error (an
-error may be transient, and a hook's error is the hook's to make again).
+error may be transient, and a row step's error is the step's to make again).
 """
 
 from __future__ import annotations

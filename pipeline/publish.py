@@ -15,7 +15,6 @@ import logging
 from typing import Any
 
 from connectors import (
-    part_id_of,
     read_part_commit,
     remove_stale_parts,
     remove_success_marker,
@@ -25,7 +24,7 @@ from connectors import (
 from pipeline.job_status import JobStatus
 from pipeline.output_lease import hold_to_publish, release_output
 from pipeline.plan import JobPlan
-from pipeline.shard_outcome import ShardOutcome, ShardState, entry_has_part
+from pipeline.shard_outcome import ShardOutcome, ShardState, entry_has_part, entry_part_file, entry_part_id
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +43,9 @@ def check_parts(plan: JobPlan, manifest: dict[str, Any]) -> None:
         if not entry_has_part(entry) or not wrote:
             continue
         try:
-            found = read_part_commit(plan.output_url, part_id_of(entry["part"]), plan.output_options)
+            found = read_part_commit(plan.output_url, entry_part_id(entry), plan.output_options)
         except Exception as exc:  # cannot tell (the footer read failed after retries): keep it
-            log.warning("cannot check part %s of %s: %s", entry["part"], plan.job_id, exc)
+            log.warning("cannot check part %s of %s: %s", entry_part_file(entry), plan.job_id, exc)
             continue
         if found != wrote:
             manifest["totals"][f"shards_{entry['status']}"] -= 1
@@ -55,7 +54,7 @@ def check_parts(plan: JobPlan, manifest: dict[str, Any]) -> None:
             replaced += 1
     if replaced:
         log.error("job %s: %d parts were replaced by another run", plan.job_id, replaced)
-        manifest["parts"] = [e["part"] for e in manifest["shards"] if entry_has_part(e)]
+        manifest["parts"] = [entry_part_file(e) for e in manifest["shards"] if entry_has_part(e)]
         manifest["success_marker"] = False
         if manifest["status"] == JobStatus.SUCCEEDED.value:
             manifest["status"] = JobStatus.COMPLETED_WITH_ERRORS.value

@@ -1,7 +1,7 @@
-"""A record's output row: the fixed columns, the request's values, then the row hook.
+"""A record's output row: the fixed columns, the request's values, then the kind's row step.
 
 Every read row gets exactly one output row (rows in == rows out), whether it produced
-text, was refused, or broke a hook; this is where that row takes its final shape, and
+text, was refused, or broke its kind's row step; this is where that row takes its final shape, and
 where its OpenAI batch line is made when the plan writes them.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from connectors import Record
-from pipeline.hooks import RowRejected, load_hook
+from pipeline.kind_steps import RowRejected
 from pipeline.openai_output import OPENAI_LINE_KEY, openai_line
 from pipeline.output_columns import empty_result
 from pipeline.output_schema import coerce_extra, passthrough_value
@@ -20,13 +20,13 @@ from pipeline.plan import JobPlan
 
 
 class ResultRows:
-    """Per plan: ``build`` a record's row from its values, ``finish`` it (hook, OpenAI line)."""
+    """Per plan: ``build`` a record's row from its values, ``finish`` it (row step, OpenAI line)."""
 
     def __init__(self, plan: JobPlan, schema: pa.Schema) -> None:
         self.plan = plan
-        self.hook = load_hook(plan.row_hook) if plan.row_hook else None
+        self.step = plan.steps().row_step(plan)
         self.extra_types = {f.name: f.type for f in schema if f.name in plan.extra_columns}
-        self.model = str(plan.engine.get("model", ""))
+        self.model = str(plan.engine_settings.get("model", ""))
 
     def build(self, record: Record, **values: Any) -> dict[str, Any]:
         """The row of ``record``: id, passthrough fields, then the fixed columns from ``values``
@@ -44,17 +44,17 @@ class ResultRows:
         return row
 
     def finish(self, record: Record, row: dict[str, Any]) -> dict[str, Any] | None:
-        """Run the row hook on ``row`` (in place); returns the row's OpenAI line, if the plan writes them."""
-        line = self._apply_hook(row, record) if self.hook is not None else None
+        """Run the kind's row step on ``row`` (in place); returns the row's OpenAI line, if the plan writes them."""
+        line = self._apply_step(row, record) if self.step is not None else None
         if not self.plan.openai_output:
             return None
         return line or openai_line(row, self.plan.job_id, self.model, completion=self.plan.prompt.raw_prompt)
 
-    def _apply_hook(self, row: dict[str, Any], record: Record) -> dict[str, Any] | None:
-        """Fill extra columns from the hook; a failing hook turns the row into an error row."""
-        assert self.hook is not None
+    def _apply_step(self, row: dict[str, Any], record: Record) -> dict[str, Any] | None:
+        """Fill extra columns from the row step; a failing step turns the row into an error row."""
+        assert self.step is not None
         try:
-            extra = self.hook(dict(row), dict(record.fields), dict(self.plan.hook_options)) or {}
+            extra = self.step.run(dict(row), dict(record.fields), dict(self.plan.hook_options)) or {}
             if not isinstance(extra, dict):
                 raise TypeError(f"returned {type(extra).__name__}, expected a dict")
             values = {}
@@ -71,7 +71,7 @@ class ResultRows:
             if isinstance(exc, RowRejected):  # the kind's own verdict on the output, worded for users
                 message = str(exc)
             else:
-                message = f"row hook {self.plan.row_hook} failed: {type(exc).__name__}: {exc}"
+                message = f"row hook {self.step.name} failed: {type(exc).__name__}: {exc}"
             row["error"] = f"{row['error']}; {message}" if row["error"] else f"row {record.row_number}: {message}"
             row["finish_reason"] = row["finish_reason"] or "error"
             return None

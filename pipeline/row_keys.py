@@ -4,8 +4,8 @@ never computed twice (issue 28).
 The key is a SHA-256 over the plan's kind, request mode and mode options, the engine fields
 that shape outputs (model, dtype, context length), and each of the row's engine requests:
 prompt token ids (the template, the document and any truncation are in them), sampling
-parameters, and what is scored. Ids, passthrough fields and hooks are not in it: a reused
-or shared result is rebuilt into each row with its own id and fields, and the row hook runs
+parameters, and what is scored. Ids, passthrough fields and row steps are not in it: a reused
+or shared result is rebuilt into each row with its own id and fields, and the row step runs
 on it again. Every part stores its rows' keys (column ``content_key``), so a re-run of a
 changed shard takes the unchanged rows from the previous part.
 
@@ -31,7 +31,7 @@ class ContentKeys:
 
     def __init__(self, plan: JobPlan) -> None:
         head = {"kind": plan.kind, "request_mode": plan.request_mode, "mode_options": plan.mode_options,
-                "engine": {k: plan.engine.get(k) for k in _ENGINE_FIELDS}}
+                "engine": {k: plan.engine_settings.get(k) for k in _ENGINE_FIELDS}}
         self._head = hashlib.sha256(json.dumps(head, sort_keys=True, default=str).encode())
 
     def key(self, subs: list[SubRequest]) -> str:

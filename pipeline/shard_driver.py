@@ -10,7 +10,7 @@ rows (error rows never enter the engine, and rows reach the part only in input o
 without that bound one slow first row would hold back everything read after it).
 
 Rows in == rows out: a bad input row, a prompt the engine refuses, a template error,
-a failing row hook or an engine fault each become an output row with ``error`` set.
+a failing row step or an engine fault each become an output row with ``error`` set.
 A shard that cannot be read at all is reported ``failed`` and writes no part.
 
 This module only drives (feed, admission, steps, faults, cancelling): rows become
@@ -18,8 +18,8 @@ requests in ``pipeline.row_preparation``, a row that need not be computed (an un
 row of the previous part, or one identical to a row of this run) takes its result through
 ``pipeline.row_sharing``, requests are tracked in ``pipeline.in_flight``, finished rows
 take their shape in ``pipeline.result_rows`` and reach the part through
-``pipeline.part_sink``. The engine is anything with the members of
-``pipeline.shard_engine.ShardEngine``.
+``pipeline.part_sink``; progress and outcomes go out through ``pipeline.shard_reports``.
+The engine is anything with the members of ``pipeline.shard_engine.ShardEngine``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import replace
 
 from connectors import ShardRef
 from pipeline.in_flight import InFlightRequests
@@ -45,7 +44,8 @@ from pipeline.row_sharing import RowSharing
 from pipeline.shard_engine import ShardEngine
 from pipeline.shard_feed import ListFeed, ShardFeed
 from pipeline.shard_opening import OpenShard, ShardEnd, open_shard
-from pipeline.shard_outcome import ShardCounts, ShardOutcome, ShardState
+from pipeline.shard_outcome import ShardOutcome, ShardState
+from pipeline.shard_reports import ProgressCallback, ShardReports
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +54,6 @@ MAX_OPEN_SHARDS = 8
 # Rows a shard may hold read but not spooled, beyond what the engine holds: reading stops
 # there until the row that holds the others back finishes.
 HELD_ROWS = 2 * SPOOL_ROWS
-_ENGINE_STATS = ("kv_peak_usage", "prefix_cache_hit_tokens", "mean_running_seqs", "preemptions", "steps")
-
-ProgressCallback = Callable[[ShardOutcome], None]
 
 
 class ShardDriver:
@@ -88,18 +85,28 @@ class ShardDriver:
     ) -> None:
         validate_prompt(plan.prompt)
         self.plan, self.cross_shard = plan, cross_shard
-        self.on_progress, self.should_stop, self.on_step = on_progress, should_stop, on_step
+        self.should_stop, self.on_step = should_stop, on_step
         self.engine_factory, self.hand_back = engine_factory, hand_back
         self.max_queued = max_queued or 2 * engine.config.max_num_seqs
         self.max_held = self.max_queued + HELD_ROWS
         self.read_batch = max(1, min(256, self.max_queued))
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
+        self.reports = ShardReports(on_progress, self.worker)
         self.schema = output_schema(plan)
         self.in_flight = InFlightRequests(engine, uuid.uuid4().hex[:8])
         self._use_engine(engine)
         self.results = ResultRows(plan, self.schema)
         self.sharing = RowSharing(plan, self.in_flight, self.results, self._complete)
         self._last_stop_check = 0.0
+
+    @property
+    def on_progress(self) -> ProgressCallback | None:
+        return self.reports.on_progress
+
+    @on_progress.setter
+    def on_progress(self, callback: ProgressCallback | None) -> None:
+        """Set after construction too (the embedded runner's progress bar)."""
+        self.reports.on_progress = callback
 
     def _use_engine(self, engine: ShardEngine) -> None:
         self.engine = engine
@@ -136,11 +143,11 @@ class ShardDriver:
                         started = time.perf_counter()
                         shard = open_shard(self.plan, ref, self.schema, self.read_batch)
                         if isinstance(shard, ShardEnd):
-                            yield self._outcome(ref, shard.state, started, shard.counts, shard.reason, shard.transient,
-                                                part_commit=shard.part_commit)
+                            yield self.reports.outcome(self.engine, ref, shard.state, started, shard.counts,
+                                                       shard.reason, shard.transient, part_commit=shard.part_commit)
                         else:
                             opened.append(shard)
-                            self._notify(shard.progress)
+                            self.reports.notify(shard.progress)
                         continue
                     if not self._admit_next(reader):
                         break  # the reader holds its limit of rows: step until its oldest finishes
@@ -162,10 +169,11 @@ class ShardDriver:
             opened.remove(shard)
             shard.sink.commit()
             if shard.sink.failed is not None:
-                yield self._outcome(shard.ref, ShardState.FAILED, shard.started, None, shard.sink.failed,
-                                    shard.sink.transient)
+                yield self.reports.outcome(self.engine, shard.ref, ShardState.FAILED, shard.started, None,
+                                           shard.sink.failed, shard.sink.transient)
             else:
-                yield self._outcome(shard.ref, ShardState.DONE, shard.started, shard.sink.counts, shard=shard)
+                yield self.reports.outcome(self.engine, shard.ref, ShardState.DONE, shard.started, shard.sink.counts,
+                                           shard=shard)
 
     def _stop_requested(self) -> bool:
         if self.should_stop is None:
@@ -190,9 +198,10 @@ class ShardDriver:
                 reason = f"handed back, its first {saved} rows checkpointed" if shard.sink.checkpoint else "handed back"
                 log.warning("shard %d: %s", shard.ref.index, reason)
             self._fail_shard(shard, "cancelled", transient=False)
-            yield self._outcome(shard.ref, ShardState.CANCELLED, shard.started, reason=reason)
+            yield self.reports.outcome(self.engine, shard.ref, ShardState.CANCELLED, shard.started, reason=reason)
         while (ref := feed.next_shard(wait=False)) is not None:
-            yield self._outcome(ref, ShardState.CANCELLED, time.perf_counter(), reason="job cancelled")
+            yield self.reports.outcome(self.engine, ref, ShardState.CANCELLED, time.perf_counter(),
+                                       reason="job cancelled")
 
     # ---- admission ----------------------------------------------------------------------
     def _admit_next(self, shard: OpenShard) -> bool:
@@ -269,7 +278,7 @@ class ShardDriver:
             for shard in (inf.shard, *self.sharing.fan_out(inf, values, now)):  # identical rows take it too
                 touched[shard.ref.index] = shard
         for shard in touched.values():
-            self._notify(shard.progress)
+            self.reports.notify(shard.progress)
 
     def _replace_engine(self) -> None:
         """A fresh engine from ``engine_factory``; without one, this engine emptied of requests."""
@@ -288,41 +297,10 @@ class ShardDriver:
 
     # ---- rows and outcomes --------------------------------------------------------------
     def _complete(self, shard: OpenShard, prepared: PreparedRow, row: dict, notify: bool = True) -> None:
-        """Run the row hook, then hand the row to the shard's part."""
+        """Run the kind's row step, then hand the row to the shard's part."""
         if shard.sink.failed is not None:  # its part is abandoned (e.g. a spool write failed)
             return
         openai_line = self.results.finish(prepared.record, row)
         shard.sink.add(prepared.position, row, openai_line)
         if not self._closed_by_sink(shard) and notify:
-            self._notify(shard.progress)
-
-    def _outcome(
-        self, ref: ShardRef, state: ShardState, started: float, counts: ShardCounts | None = None,
-        reason: str | None = None, transient: bool = False, shard: OpenShard | None = None,
-        part_commit: str | None = None,
-    ) -> ShardOutcome:
-        """A shard's final outcome, with the engine's counters; reported to the progress callback too."""
-        try:
-            s = self.engine.stats()
-            stats = {k: s[k] for k in _ENGINE_STATS}
-        except Exception:  # a broken engine must not hide the shard's outcome
-            stats = {}
-        outcome = ShardOutcome(
-            ref.index, ref.url, state, replace(counts) if counts else ShardCounts(), reason=reason,
-            transient=transient, seconds=round(time.perf_counter() - started, 3), worker=self.worker,
-            part=ref.part_id, engine_counters=stats, part_commit=part_commit,
-        )
-        if shard is not None:
-            outcome.part_commit = shard.sink.commit_id
-            outcome.rows_resumed, outcome.rows_reused = shard.sink.resumed, shard.rows_reused
-            outcome.rows_shared = shard.rows_shared
-        self._notify(outcome)
-        return outcome
-
-    def _notify(self, progress: ShardOutcome) -> None:
-        if self.on_progress is None:
-            return
-        try:
-            self.on_progress(progress)
-        except Exception as exc:  # progress display/reporting must never fail a shard
-            log.warning("progress callback failed: %s", exc)
+            self.reports.notify(shard.progress)

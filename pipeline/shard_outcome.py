@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from connectors.parquet_sink import part_id_of
 from connectors.redaction import redact
 
 
@@ -36,6 +37,17 @@ PART_STATES = (ShardState.DONE, ShardState.SKIPPED)
 def entry_has_part(entry: dict[str, Any]) -> bool:
     """Whether a manifest shard entry (a result dict) names a part that is in the output."""
     return entry.get("status") in PART_STATES and bool(entry.get("part"))
+
+
+# A manifest shard entry names its part by id (``part``) and file (``part_file``); manifests
+# written before ``part_file`` existed held the file name in ``part``. Read entries through these.
+def entry_part_id(entry: dict[str, Any]) -> str | None:
+    part = entry.get("part")
+    return part_id_of(part) if part and "part_file" not in entry else part
+
+
+def entry_part_file(entry: dict[str, Any]) -> str | None:
+    return entry["part_file"] if "part_file" in entry else entry.get("part")
 
 
 @dataclass

@@ -30,7 +30,7 @@ from pipeline.output_lease import heartbeat_every, release_output, renew_output
 from pipeline.plan import JobPlan
 from pipeline.publish import publish
 from pipeline.shard_outcome import ShardOutcome, ShardState
-from pipeline.summary import run_report_hook, run_summary_hook
+from pipeline.summary import run_report, run_summary
 
 log = logging.getLogger(__name__)
 
@@ -174,12 +174,12 @@ def _finish_job(
         plan, outcomes, mode="celery",
         started_at=meta.get("submitted_at_iso") or utc_now(),
         elapsed_s=time.time() - submitted,
-        summary=run_summary_hook(plan, outcomes) if status is None else None,
+        summary=run_summary(plan, outcomes) if status is None else None,
     )
     if status is not None:
         manifest["status"], manifest["success_marker"], manifest["error"] = status, False, error
     else:
-        report = run_report_hook(plan, manifest)
+        report = run_report(plan, manifest)
         if report:
             manifest["report"] = report
     try:

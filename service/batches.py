@@ -16,12 +16,12 @@ import threading
 import time
 from typing import Any
 
-from connectors import is_transient, part_id_of, read_manifest, write_bytes
+from connectors import is_transient, read_manifest, write_bytes
 from connectors.blobs import read_bytes
 from jobs.openai_merge import merge_lines
 from jobs.spec import JobSpec
 from pipeline.job_status import FINAL_JOB_STATUSES as JOB_FINAL
-from pipeline.shard_outcome import entry_has_part
+from pipeline.shard_outcome import entry_has_part, entry_part_id
 from service.records import BATCH_FINAL, BatchRecord, FileRecord, JobRecord, Store, now
 from service.runners import Runner
 from service.settings import ServiceSettings
@@ -220,8 +220,7 @@ class BatchAdvancer:
         """The part ids of the job's done and skipped shards, from its manifest (a cancelled job's
         manifest lists the shards finished before the cancel; its summary hook did not run)."""
         manifest = read_manifest(batch.output_url, self.settings.storage_options) or {}
-        names = [s["part"] for s in manifest.get("shards", []) if entry_has_part(s)]
-        return [part_id_of(name) for name in names]
+        return [entry_part_id(s) for s in manifest.get("shards", []) if entry_has_part(s)]
 
     def _result_file(self, batch: BatchRecord, which: str, lines: list[bytes]) -> str:
         """The batch's output or error file. Its id follows from the batch's, so a finalize

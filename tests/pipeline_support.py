@@ -30,7 +30,7 @@ def make_plan(input_url: str, output_url: str, model_dir: Path, **overrides: Any
         id_field="id", passthrough_fields=["lang"],
         prompt=PromptPlan(system="Summarize the document in one sentence.", user_template="Document ({lang}): {text}"),
         sampling={"max_tokens": 4, "temperature": 0.0, "ignore_eos": True},
-        engine=tiny_engine(model_dir),
+        engine_settings=tiny_engine(model_dir),
     )
     values.update(overrides)
     return JobPlan(**values)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import time
@@ -27,6 +28,12 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
 MID = dict(hidden_size=2048, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=32,
            num_key_value_heads=8, head_dim=64, vocab_size=32000, max_position_embeddings=4096,
            initializer_range=0.05)
+
+
+def free() -> None:
+    """Give the memory of models and engines just dropped back to the device."""
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def build_model(out: Path, device: str, seed: int = 0, dtype: torch.dtype = torch.float32, **params) -> Path:

@@ -1,8 +1,10 @@
 """Job kinds: each is one ``JobKind`` subclass in its own module here (``jobs.kinds.base``).
 
-A kind's ``check(spec)`` holds its cross-field rules and ``plan_fields(spec, read_only=...)``
-its part of the JobPlan (prompt, hooks, extra columns, request mode, ...). ``job_kind(name)``
-imports the kind's module, which registers its class.
+A kind's ``check(spec)`` holds its cross-field rules, ``plan_fields(spec, read_only=...)``
+its part of the JobPlan (prompt, options, extra columns, request mode, ...), and
+``row_step``/``summary_step``/``report_step`` what a worker does around the engine for that
+plan. ``job_kind(name)`` imports the kind's module, which registers its class; the worker
+finds a plan's kind the same way, so a plan can name only a kind this process holds.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ KIND_NAMES: tuple[str, ...] = get_args(KindName)
 
 
 def job_kind(name: str) -> JobKind:
-    if name not in KIND_NAMES:
+    """The kind called ``name``: one of ``KIND_NAMES``, or a class this process defined."""
+    if name in KIND_NAMES:
+        importlib.import_module(f"jobs.kinds.{name}")
+    kind = KINDS.get(name) if isinstance(name, str) else None
+    if kind is None:
         raise ValueError(f"unknown job kind {name!r}: expected one of {', '.join(KIND_NAMES)}")
-    importlib.import_module(f"jobs.kinds.{name}")
-    return KINDS[name]()
+    return kind()

@@ -1,19 +1,27 @@
 """The JobKind base class and its registry, and pieces every kind shares (few-shot turns,
-the default user template)."""
+the default user template, the OpenAI lines' join)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from jobs.openai_merge import merge_requested, merge_summary
+from pipeline.kind_steps import Step
+
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
+    from pipeline.plan import JobPlan
 
 KINDS: dict[str, type[JobKind]] = {}  # name -> class, filled as each kind's module is imported
 
 
+MERGE_SUMMARY = Step("jobs.openai_merge:merge_summary", merge_summary)
+
+
 class JobKind:
-    """One job kind: its spec rules and its part of the JobPlan. A subclass names itself and
-    is registered; ``jobs.kinds.job_kind(name)`` finds it."""
+    """One job kind: its spec rules, its part of the JobPlan and, on the worker, its steps around
+    the engine (``pipeline.kind_steps``). A subclass names itself and is registered;
+    ``jobs.kinds.job_kind(name)`` finds it, for the spec and for the worker reading a plan."""
 
     name: ClassVar[str]
 
@@ -25,9 +33,23 @@ class JobKind:
         """Cross-field rules: raise ValueError whose message starts with the offending field's path."""
 
     def plan_fields(self, spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
-        """JobPlan keyword arguments (prompt, hooks, extra columns, ...); ``read_only``: build them
+        """JobPlan keyword arguments (prompt, options, extra columns, ...); ``read_only``: build them
         without writing anything, as ``tokenmill status`` does."""
         raise NotImplementedError
+
+    # ---- on the worker: the steps of a plan this kind built (its options: plan.hook_options) ----
+    def row_step(self, plan: JobPlan) -> Step | None:
+        """Fills the kind's extra columns of each finished row; None: the row is kept as it is."""
+        return None
+
+    def summary_step(self, plan: JobPlan) -> Step | None:
+        """The manifest's summary over the finished parts. A kind without its own joins the
+        OpenAI batch lines into one file when the plan asks."""
+        return MERGE_SUMMARY if plan.openai_output and merge_requested(plan.hook_options) else None
+
+    def report_step(self, plan: JobPlan) -> Step | None:
+        """Files written beside the parts once the manifest is built (the evaluation report)."""
+        return None
 
 
 def few_shot_turns(spec: JobSpec) -> list[dict[str, str]]:

@@ -12,13 +12,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from jobs.kinds.base import JobKind, few_shot_turns, reject_prompt_field, user_template
-from jobs.mc_scoring import LL_COLUMNS
-from jobs.scoring import EXTRA_COLUMNS, SAMPLE_COLUMNS
+from jobs.mc_scoring import LL_COLUMNS, score_ll_row, summarize_ll
+from jobs.report import write_report
+from jobs.scoring import EXTRA_COLUMNS, SAMPLE_COLUMNS, score_row, summarize_scores
 from jobs.sections import EvaluateSection
+from pipeline.kind_steps import Step
 from pipeline.plan import PromptPlan, RequestMode
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
+    from pipeline.plan import JobPlan
 
 DEFAULT_SYSTEM = {
     "choice": "Answer the multiple-choice question with the letter of the correct option only.",
@@ -28,6 +31,11 @@ DEFAULT_SYSTEM = {
     "loglikelihood": "Answer the question.",
 }
 _LL_ONLY = ("chat_template", "target_delimiter")
+SCORE_ROW = Step("jobs.scoring:score_row", score_row)
+SCORE_SUMMARY = Step("jobs.scoring:summarize_scores", summarize_scores)
+LL_ROW = Step("jobs.mc_scoring:score_ll_row", score_ll_row)
+LL_SUMMARY = Step("jobs.mc_scoring:summarize_ll", summarize_ll)
+REPORT = Step("jobs.report:write_report", write_report)
 
 
 def section(spec: JobSpec) -> EvaluateSection:
@@ -71,19 +79,27 @@ class Evaluate(JobKind):
         system = DEFAULT_SYSTEM[evaluate.method] if spec.prompt.system is None else spec.prompt.system
         prompt = PromptPlan(system=system, user_template=user_template(spec), few_shot=few_shot_turns(spec))
         options = {"reference_field": evaluate.reference_field, "method": evaluate.method, "pattern": evaluate.pattern}
-        fields: dict[str, Any] = {"prompt": prompt, "report_hook": "jobs.report:write_report",
-                                  "extra_columns": columns(spec)}
+        fields: dict[str, Any] = {"prompt": prompt, "extra_columns": columns(spec)}
         if evaluate.method == "loglikelihood":
             mode_options: dict[str, Any] = {"choices_field": evaluate.choices_field, "chat_template": evaluate.chat_template}
             if evaluate.target_delimiter is not None:
                 mode_options["target_delimiter"] = evaluate.target_delimiter
             return {
                 **fields, "request_mode": RequestMode.LOGLIKELIHOOD, "mode_options": mode_options,
-                "row_hook": "jobs.mc_scoring:score_ll_row", "summary_hook": "jobs.mc_scoring:summarize_ll",
                 "hook_options": {**options, "choices_field": evaluate.choices_field,
                                  "bootstrap_iters": evaluate.bootstrap_iters},
             }
         if spec.sampling.n > 1:
             options.update(n=spec.sampling.n, pass_k=list(evaluate.pass_k))
-        return {**fields, "row_hook": "jobs.scoring:score_row", "summary_hook": "jobs.scoring:summarize_scores",
-                "hook_options": options}
+        return {**fields, "hook_options": options}
+
+    # Choices scored by log-likelihood, else generated answers scored against the reference
+    # (the scorers also join the OpenAI lines when asked).
+    def row_step(self, plan: JobPlan) -> Step:
+        return LL_ROW if plan.request_mode == RequestMode.LOGLIKELIHOOD else SCORE_ROW
+
+    def summary_step(self, plan: JobPlan) -> Step:
+        return LL_SUMMARY if plan.request_mode == RequestMode.LOGLIKELIHOOD else SCORE_SUMMARY
+
+    def report_step(self, plan: JobPlan) -> Step:
+        return REPORT

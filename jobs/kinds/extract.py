@@ -9,13 +9,17 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from jobs.extract import schema_columns
+from jobs.extract import extract_row, schema_columns, summarize_extract
 from jobs.kinds.base import JobKind, few_shot_turns, reject_prompt_field, user_template
+from pipeline.kind_steps import Step
 from pipeline.plan import PromptPlan
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
+    from pipeline.plan import JobPlan
 
+ROW = Step("jobs.extract:extract_row", extract_row)
+SUMMARY = Step("jobs.extract:summarize_extract", summarize_extract)
 DEFAULT_SYSTEM = "Extract the information from the user's text as a JSON object matching this JSON schema:\n{schema}"
 
 
@@ -47,8 +51,12 @@ class Extract(JobKind):
         return {
             "prompt": PromptPlan(system=system, user_template=user_template(spec), few_shot=few_shot_turns(spec)),
             "sampling": sampling,
-            "row_hook": "jobs.extract:extract_row",
-            "summary_hook": "jobs.extract:summarize_extract",
             "hook_options": {"schema": schema, "columns": columns},
             "extra_columns": {name: "string" if kind == "json" else kind for name, kind in columns.items()},
         }
+
+    def row_step(self, plan: JobPlan) -> Step:
+        return ROW
+
+    def summary_step(self, plan: JobPlan) -> Step:
+        return SUMMARY

@@ -10,11 +10,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from jobs.kinds.base import JobKind, few_shot_turns
-from jobs.sample_metrics import GENERATE_SAMPLE_COLUMNS
+from jobs.sample_metrics import GENERATE_SAMPLE_COLUMNS, majority_row
+from pipeline.kind_steps import Step
 from pipeline.plan import PromptPlan
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
+    from pipeline.plan import JobPlan
+
+MAJORITY = Step("jobs.sample_metrics:majority_row", majority_row)
 
 
 class Generate(JobKind):
@@ -42,5 +46,9 @@ class Generate(JobKind):
             "prompt": PromptPlan(system=spec.prompt.system or "", prompt_field=field, few_shot=few_shot_turns(spec)),
         }
         if spec.sampling.n > 1:
-            values.update(extra_columns=dict(GENERATE_SAMPLE_COLUMNS), row_hook="jobs.sample_metrics:majority_row")
+            values.update(extra_columns=dict(GENERATE_SAMPLE_COLUMNS))
         return values
+
+    def row_step(self, plan: JobPlan) -> Step | None:
+        """With n samples, each row's majority answer."""
+        return MAJORITY if int(plan.sampling.get("n", 1)) > 1 else None

@@ -15,10 +15,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.kinds.base import JobKind
+from pipeline.kind_steps import Step
 from pipeline.plan import PromptPlan, RequestMode
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
+    from pipeline.plan import JobPlan
 
 COLUMNS = {"nll": "float64", "tokens": "int64", "perplexity": "float64"}
 
@@ -41,12 +43,14 @@ class Perplexity(JobKind):
             "prompt": PromptPlan(prompt_field=spec.input.text_field),  # rendered but unused: the text is scored raw
             "request_mode": RequestMode.PERPLEXITY,
             "extra_columns": dict(COLUMNS),
-            "summary_hook": "jobs.kinds.perplexity:summarize",
         }
+
+    def summary_step(self, plan: JobPlan) -> Step:
+        return SUMMARY
 
 
 def summarize(table: pa.Table, options: dict[str, Any]) -> dict[str, Any]:
-    """Summary hook: corpus perplexity over the rows that were scored."""
+    """Summary step: corpus perplexity over the rows that were scored."""
     rows = table.num_rows
     errors = rows - len(table.filter(pc.is_null(table.column("error")))) if rows else 0
     nll = float(pc.sum(table.column("nll")).as_py() or 0.0) if rows else 0.0
@@ -60,3 +64,6 @@ def summarize(table: pa.Table, options: dict[str, Any]) -> dict[str, Any]:
         "nll_per_token": round(nll / tokens, 6) if tokens else None,
         "perplexity": round(math.exp(nll / tokens), 4) if tokens else None,
     }
+
+
+SUMMARY = Step("jobs.kinds.perplexity:summarize", summarize)

@@ -18,7 +18,7 @@ from jobs.extract import extract_row, schema_columns
 from jobs.mc_scoring import bootstrap_stderr, gold_index, score_ll_row, summarize_ll
 from jobs.sample_metrics import majority, majority_row, pass_at_k
 from jobs.scoring import score_row, summarize_scores
-from pipeline.hooks import RowRejected
+from pipeline.kind_steps import RowRejected
 from pipeline.openai_output import CHOICES_KEY, logprobs_content, openai_line
 
 # ---- pass@k and majority -----------------------------------------------------------------
@@ -217,7 +217,7 @@ def test_plans_of_new_kinds(tmp_path: Path) -> None:
                                 base_dir=tmp_path)
     plan = extract.to_plan("x")
     assert plan.sampling["structured_output"] == {"json": {"type": "object", "properties": {"a": {"type": "integer"}}}}
-    assert plan.extra_columns == {"a": "int64"} and plan.row_hook == "jobs.extract:extract_row"
+    assert plan.extra_columns == {"a": "int64"} and plan.steps().row_step(plan).name == "jobs.extract:extract_row"
     assert JobSpec.from_dict(extract.to_data()).to_plan("x").sampling == plan.sampling  # survives the worker hop
     ll = JobSpec.from_dict(_spec(tmp_path, kind="evaluate", evaluate={"method": "loglikelihood",
                                                                       "chat_template": False})).to_plan("x")

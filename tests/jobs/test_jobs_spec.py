@@ -157,15 +157,15 @@ def test_to_plan_summarize() -> None:
     assert isinstance(plan, JobPlan) and plan.job_id.startswith("t-") and len(plan.job_id) == len("t-") + 8
     assert (plan.kind, plan.input_url, plan.output_url, plan.input_format) == ("summarize", "/data/in/", "/data/out/", "csv")
     assert (plan.id_field, plan.text_field, plan.passthrough_fields) == ("doc", "body", ["title"])
-    assert plan.engine == {"model": "smollm2-135m-instruct", "max_num_seqs": 32, "dtype": "bfloat16"}
+    assert plan.engine_settings == {"model": "smollm2-135m-instruct", "max_num_seqs": 32, "dtype": "bfloat16"}
     assert plan.sampling["max_tokens"] == 40 and plan.sampling["stop"] == ["\n\n"] and plan.sampling["temperature"] == 0
     assert plan.prompt.user_template == "Title: {title}\n{body}" and plan.prompt.system.startswith("Summarize")
     assert plan.prompt.few_shot == [{"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}]
-    assert plan.truncate_prompt and not plan.openai_output and plan.row_hook is None
+    assert plan.truncate_prompt and not plan.openai_output and plan.steps().row_step(plan) is None
     assert JobPlan.from_dict(plan.to_dict()) == plan  # JSON-safe round trip
     assert spec.to_plan(plan.job_id, read_only=True) == plan  # what status builds: the same plan
     # engine settings left unset are not sent: the worker's engine defaults apply
-    assert JobSpec.from_dict(spec_data()).to_plan("x").engine == {"model": "smollm2-135m-instruct"}
+    assert JobSpec.from_dict(spec_data()).to_plan("x").engine_settings == {"model": "smollm2-135m-instruct"}
     assert JobSpec.from_dict(spec_data(input={"text_field": "body"})).to_plan("x").prompt.user_template == "{body}"
 
 
@@ -191,7 +191,8 @@ def test_model_and_sampling_tables_follow_the_engine() -> None:
 def test_to_plan_evaluate_and_generate() -> None:
     evaluate = JobSpec.from_dict(spec_data(kind="evaluate", evaluate={"method": "choice", "reference_field": "gold"}))
     plan = evaluate.to_plan("e")
-    assert (plan.row_hook, plan.summary_hook) == ("jobs.scoring:score_row", "jobs.scoring:summarize_scores")
+    kind = plan.steps()
+    assert (kind.row_step(plan).name, kind.summary_step(plan).name) == ("jobs.scoring:score_row", "jobs.scoring:summarize_scores")
     assert plan.hook_options == {"reference_field": "gold", "method": "choice", "pattern": None}
     assert plan.extra_columns == {"reference": "string", "prediction": "string", "correct": "bool", "score": "float64"}
     assert "letter" in plan.prompt.system
@@ -214,4 +215,4 @@ def test_example_specs_load() -> None:
 def test_a_spec_can_name_the_packaged_gemma3() -> None:
     """gemma3-270m is registered like the default model: a spec naming it plans an engine for it."""
     spec = JobSpec.from_dict(spec_data(model={"name": "gemma3-270m"}))
-    assert spec.to_plan("x").engine == {"model": "gemma3-270m"}
+    assert spec.to_plan("x").engine_settings == {"model": "gemma3-270m"}

@@ -3,6 +3,7 @@ next shard is admitted while the previous one still decodes (fleet cross-shard f
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,7 @@ def test_plans_take_turns_and_a_broken_plan_fails_only_its_shards(tmp_path: Path
         plan = make_plan(str(inp), str(tmp_path / name / "out"), tiny_model_dir, job_id=f"svc-{name}")
         runs[name] = (plan, list_shards(plan.input_url), ids)
     broken = make_plan(str(tmp_path / "a" / "in"), str(tmp_path / "broken-out"), tiny_model_dir,
-                       job_id="svc-broken", engine={"model": str(tmp_path / "no-such-model")})
+                       job_id="svc-broken", engine_settings={"model": str(tmp_path / "no-such-model")})
 
     service = EngineThread()
     (plan_a, shards_a, ids_a), (plan_b, shards_b, ids_b) = runs["a"], runs["b"]
@@ -118,9 +119,11 @@ def test_cancel_is_asked_through_any_task_of_the_run() -> None:
     feed = _PlanFeed(EngineThread(), "k")
 
     def task(index: int, should_stop) -> _ShardTask:
-        return _ShardTask(None, "k", None, None, should_stop, "w", None)  # type: ignore[arg-type]
+        shard = types.SimpleNamespace(index=index)
+        return _ShardTask(None, "k", shard, None, should_stop, "w", None)  # type: ignore[arg-type]
 
-    feed.taken = {0: task(0, None)}
+    feed.adopt([task(0, None)])
     assert feed.should_stop() is False  # nobody can ask: carry on
-    feed.taken[1] = task(1, lambda: True)
+    feed.adopt([task(1, lambda: True)])
     assert feed.should_stop() is True
+    assert feed.holds(1) and feed.finish(1) is not None and not feed.holds(1)

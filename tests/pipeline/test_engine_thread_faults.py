@@ -27,7 +27,7 @@ def test_engine_death_fails_its_shards_rebuilds_and_keeps_serving(tmp_path: Path
     ids = write_uniform_shards(local_put(inp), count=2, rows=4)
     plan = make_plan(str(inp), str(out), tiny_model_dir, job_id="svc-death")
     first, second = list_shards(plan.input_url)
-    dead = engine_cache.get_engine(plan.engine)
+    dead = engine_cache.get_engine(plan.engine_settings)
     real_step = LLMEngine.step
 
     def dying_step(self):
@@ -44,7 +44,7 @@ def test_engine_death_fails_its_shards_rebuilds_and_keeps_serving(tmp_path: Path
         "failed", "engine failed: RuntimeError: scheduler state corrupt", True)
     assert not list(out.glob("part-*"))  # nothing committed for the failed shard
 
-    rebuilt = engine_cache.get_engine(plan.engine)
+    rebuilt = engine_cache.get_engine(plan.engine_settings)
     assert rebuilt is not dead  # the broken engine was replaced, not reused
     assert not dead.has_unfinished()
     later = [service.submit(plan, shard) for shard in (first, second)]  # the retry, and a new shard

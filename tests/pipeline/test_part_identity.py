@@ -5,6 +5,8 @@ Embedded runs of the tiny model on moto S3."""
 
 from __future__ import annotations
 
+import copy
+
 from pipeline_support import jsonl_bytes, make_plan
 
 import pipeline.part_sink as part_sink
@@ -68,7 +70,7 @@ def test_a_part_replaced_during_the_run_fails_its_shard_at_finalization(s3_serve
     assert second["status"] == "done" and second["part_commit"] == read_part_commit(
         plan.output_url, list_shards(plan.input_url, storage_options=plan.storage_options)[1].part_id,
         plan.output_options)
-    assert manifest["status"] == "completed_with_errors" and manifest["parts"] == [second["part"]]
+    assert manifest["status"] == "completed_with_errors" and manifest["parts"] == [second["part_file"]]
     assert manifest["totals"]["shards_done"] == 1 and manifest["totals"]["shards_failed"] == 1
     assert not success_marker_exists(plan.output_url, plan.output_options)
 
@@ -133,3 +135,30 @@ def test_the_manifest_records_each_parts_commit(s3_server, s3_bucket, tiny_model
         assert shard["status"] == "skipped"
         assert shard[field] == read_part_commit(plan.output_url, ref.part_id, plan.output_options)
     assert [s[field] for s in first["shards"]] == [s[field] for s in again["shards"]]
+
+
+def test_a_shard_names_its_part_by_id_and_file_and_old_manifests_still_read(s3_server, s3_bucket, tiny_model_dir):
+    """``part`` is the part's id everywhere (outcomes, Redis, the manifest), ``part_file`` its file.
+    A manifest written before ``part_file`` held the file name in ``part``: its readers (the
+    finalizer's replaced-part check, the console's samples, the batch service) still find the parts."""
+    from jobs.console import read_samples
+    from pipeline.publish import check_parts
+    from pipeline.shard_outcome import entry_part_file, entry_part_id
+
+    plan = _plan(s3_server, s3_bucket, tiny_model_dir)
+    manifest = run_embedded(plan, progress=False)
+    refs = list_shards(plan.input_url, storage_options=plan.storage_options)
+    assert [(s["part"], s["part_file"]) for s in manifest["shards"]] == [(r.part_id, part_name(r.part_id)) for r in refs]
+    assert manifest["parts"] == [part_name(r.part_id) for r in refs]
+
+    old = copy.deepcopy(manifest)
+    for entry in old["shards"]:
+        entry["part"] = entry.pop("part_file")
+    for entry in (*manifest["shards"], *old["shards"]):
+        index = entry["index"]
+        assert (entry_part_id(entry), entry_part_file(entry)) == (refs[index].part_id, part_name(refs[index].part_id))
+    assert {r["id"] for r in read_samples(old, plan.output_options, 4)} == {"s0-r0", "s0-r1", "s1-r0", "s1-r1"}
+    commit = _replace_part(plan, 1)
+    check_parts(plan, old)
+    assert [s["status"] for s in old["shards"]] == ["done", "failed"]
+    assert old["shards"][1]["reason"].startswith(REPLACED + commit) and old["parts"] == [part_name(refs[0].part_id)]

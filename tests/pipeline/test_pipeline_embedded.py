@@ -4,8 +4,6 @@ hooks, engine faults, cross-shard feeding, truncation and OpenAI batch output.""
 from __future__ import annotations
 
 import json
-import sys
-import types
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -20,8 +18,10 @@ from pipeline_support import (
 )
 
 from connectors import list_shards, read_manifest, read_parts, success_marker_exists
-from pipeline import hooks
+from jobs.kinds.base import KINDS, JobKind
 from pipeline.job_runner import run_embedded
+from pipeline.kind_steps import Step
+from pipeline.plan import JobPlan
 
 
 @pytest.fixture
@@ -93,15 +93,15 @@ def test_unreadable_shard_fails_alone(dirs, tiny_model_dir) -> None:
     assert "cannot read shard" in by_name["broken.parquet"]["reason"]
     assert manifest["status"] == "completed_with_errors"
     assert not success_marker_exists(plan.output_url)
-    assert by_name["broken.parquet"]["part"] and not (out / by_name["broken.parquet"]["part"]).exists()
+    assert by_name["broken.parquet"]["part_file"] and not (out / by_name["broken.parquet"]["part_file"]).exists()
+    assert by_name["broken.parquet"]["part_file"] == f"part-{by_name['broken.parquet']['part']}.parquet"
     assert sorted(read_parts(plan.output_url).column("id").to_pylist()) == sorted(ids)
 
 
 @pytest.fixture
-def hook_module(monkeypatch):
-    """A throwaway module inside the jobs package, as a job kind would provide."""
-    module = types.ModuleType("jobs._test_pipeline_hooks")
-    calls = []
+def scored_kind():
+    """A throwaway job kind with a row and a summary step, registered in this process only."""
+    calls: list[str] = []
 
     def score(row, fields, options):
         calls.append(row["id"])
@@ -113,24 +113,29 @@ def hook_module(monkeypatch):
     def summarize(table, options):
         return {"rows": table.num_rows, "mean_score": sum(x or 0 for x in table.column("score").to_pylist())}
 
-    module.score, module.summarize, module.calls = score, summarize, calls
-    monkeypatch.setitem(sys.modules, "jobs._test_pipeline_hooks", module)
-    monkeypatch.setattr(hooks, "HOOKS", hooks.HOOKS | {"jobs._test_pipeline_hooks:score",
-                                                       "jobs._test_pipeline_hooks:summarize"})
-    return module
+    class Scored(JobKind):
+        name = "_test_scored"
+
+        def row_step(self, plan: JobPlan) -> Step:
+            return Step("jobs._test_pipeline_hooks:score", score)
+
+        def summary_step(self, plan: JobPlan) -> Step:
+            return Step("jobs._test_pipeline_hooks:summarize", summarize)
+
+    yield calls
+    del KINDS[Scored.name]
 
 
-def test_row_hook_extra_columns_and_summary(dirs, tiny_model_dir, hook_module) -> None:
+def test_row_step_extra_columns_and_summary(dirs, tiny_model_dir, scored_kind) -> None:
     inp, out = dirs
     ids = write_uniform_shards(local_put(inp), count=2, rows=3)
     plan = make_plan(
-        str(inp), str(out), tiny_model_dir, row_hook="jobs._test_pipeline_hooks:score",
-        summary_hook="jobs._test_pipeline_hooks:summarize", hook_options={"scale": 2.0},
+        str(inp), str(out), tiny_model_dir, kind="_test_scored", hook_options={"scale": 2.0},
         extra_columns={"score": "float64", "ok": "bool"},
     )
     manifest = run_embedded(plan, progress=False)
     table = read_parts(plan.output_url)
-    assert sorted(table.column("id").to_pylist()) == sorted(ids) == sorted(hook_module.calls)
+    assert sorted(table.column("id").to_pylist()) == sorted(ids) == sorted(scored_kind)
     rows = {r["id"]: r for r in table.to_pylist()}
     assert "ignored" not in table.column_names
     assert rows["s0-r1"]["error"].startswith("row 1: row hook jobs._test_pipeline_hooks:score failed: RuntimeError")
@@ -145,12 +150,12 @@ def test_truncate_prompt(dirs, tiny_model_dir) -> None:
     long_text = " ".join(f"word{i}" for i in range(400))
     local_put(inp)("long.jsonl", (json.dumps({"id": "long", "text": long_text, "lang": "en"}) + "\n").encode())
     engine = tiny_engine(tiny_model_dir, max_model_len=256)
-    strict = make_plan(str(inp), str(out / "strict"), tiny_model_dir, engine=engine)
+    strict = make_plan(str(inp), str(out / "strict"), tiny_model_dir, engine_settings=engine)
     run_embedded(strict, progress=False)
     (row,) = read_parts(strict.output_url).to_pylist()
     assert row["error"].startswith("row 0: prompt is") and "context is 256 tokens" in row["error"]
 
-    cut = make_plan(str(inp), str(out / "cut"), tiny_model_dir, engine=engine, truncate_prompt=True)
+    cut = make_plan(str(inp), str(out / "cut"), tiny_model_dir, engine_settings=engine, truncate_prompt=True)
     run_embedded(cut, progress=False)
     (row,) = read_parts(cut.output_url).to_pylist()
     assert row["error"] is None and 128 <= row["prompt_tokens"] < 256 and row["output_tokens"] == 4

@@ -1,13 +1,14 @@
-"""Prompt templates, hook names, output schema and manifest hygiene: no engine needed."""
+"""Prompt templates, job kinds' steps, output schema and manifest hygiene: no engine needed."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import re
 
 import pytest
 
-from pipeline import hooks
-from pipeline.hooks import HookError, load_hook, validate_hook_name
+from jobs.kinds import KIND_NAMES
 from pipeline.manifest import build_manifest, public_url
 from pipeline.output_schema import SchemaError, output_schema
 from pipeline.plan import JobPlan, PromptPlan
@@ -80,33 +81,47 @@ def test_bad_few_shot_is_rejected() -> None:
         validate_prompt(PromptPlan(few_shot=[{"role": "robot", "content": "x"}]))
 
 
-@pytest.mark.parametrize("spec", ["os:system", "jobsx.mod:f", "jobs:f", "jobs.mod", "jobs.mod:f.g", "../jobs.m:f"])
-def test_only_jobs_hooks_are_allowed(spec: str) -> None:
-    with pytest.raises(HookError, match="only modules under 'jobs.'"):
-        validate_hook_name(spec)
-    with pytest.raises(HookError):
-        load_hook(spec)
+@pytest.mark.parametrize("kind", [
+    "os:system", "jobsx.mod:f", "jobs:f", "jobs.mod", "jobs.mod:f.g", "../jobs.m:f", "jobs.api:run",
+    "jobs.cli:main", "jobs.scoring:score_row", "jobs.kinds.evaluate", "base", "JobKind", "Summarize", "",
+])
+def test_a_plan_naming_an_unknown_kind_is_refused(kind: str) -> None:
+    """A plan names its kind, never code: only a kind of the in-process registry is accepted,
+    whether the plan is built here or read back from the broker."""
+    message = f"^unknown job kind {re.escape(repr(kind))}: expected one of {', '.join(KIND_NAMES)}$"
+    with pytest.raises(ValueError, match=message):
+        _plan(kind=kind)
+    with pytest.raises(ValueError, match=message):
+        JobPlan.from_dict({**_plan().to_dict(), "kind": kind})
 
 
-def test_hook_that_does_not_exist(monkeypatch) -> None:
-    monkeypatch.setattr(hooks, "HOOKS", hooks.HOOKS | {"jobs.no_such_module_here:fn"})
-    with pytest.raises(HookError, match="cannot import"):
-        load_hook("jobs.no_such_module_here:fn")
+def test_hook_names_of_earlier_plans_run_nothing() -> None:
+    """A plan dict from before the kinds owned their steps still reads; the hooks it names are
+    ignored: the kind decides its steps."""
+    data = {**_plan().to_dict(), "row_hook": "os:system", "summary_hook": "jobs.api:run", "report_hook": "os:system"}
+    plan = JobPlan.from_dict(data)
+    assert (plan.steps().row_step(plan), plan.steps().summary_step(plan), plan.steps().report_step(plan)) == (None,) * 3
+    assert plan.part_fingerprint("x") == _plan().part_fingerprint("x")
 
 
-@pytest.mark.parametrize("spec", ["jobs.api:run", "jobs.cli:main", "jobs.extract:json", "jobs.spec:JobSpec"])
-def test_only_registered_hooks_load(spec: str) -> None:
-    """Callables under jobs. that no kind names are not hooks: a plan cannot make a worker call them."""
-    with pytest.raises(HookError, match=f"^hook '{spec}' is not a registered hook$"):
-        load_hook(spec)
-
-
-def test_every_registered_hook_loads() -> None:
-    assert all(callable(load_hook(name)) for name in hooks.HOOKS)
+@pytest.mark.parametrize("plan_values", [
+    *({"kind": name} for name in KIND_NAMES),
+    {"kind": "evaluate", "request_mode": "loglikelihood"},
+    {"kind": "generate", "sampling": {"n": 3}},
+    {"kind": "summarize", "openai_output": True, "hook_options": {"openai_output": True}},
+])
+def test_every_kind_step_is_the_function_it_names(plan_values) -> None:
+    """A step's name (in fingerprints and manifests) still names the function that runs."""
+    plan = _plan(**plan_values)
+    kind = plan.steps()
+    for step in (kind.row_step(plan), kind.summary_step(plan), kind.report_step(plan)):
+        if step is not None:
+            module, function = step.name.split(":")
+            assert getattr(importlib.import_module(module), function) is step.run
 
 
 def _plan(**kw) -> JobPlan:
-    return JobPlan(job_id="j", name="n", kind="summarize", input_url="/in", output_url="/out", **kw)
+    return JobPlan(**{"job_id": "j", "name": "n", "kind": "summarize", "input_url": "/in", "output_url": "/out", **kw})
 
 
 def test_output_schema_columns_and_clashes() -> None:

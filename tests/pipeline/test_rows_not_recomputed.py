@@ -158,7 +158,7 @@ def test_nothing_is_taken_from_a_part_of_another_prompt_sampling_or_model(where:
     others = [
         replace(plan, prompt=replace(plan.prompt, system="Summarize in French.")),
         replace(plan, sampling={**plan.sampling, "max_tokens": 3}),
-        replace(plan, engine={**plan.engine, "model": "another-model"}),
+        replace(plan, engine_settings={**plan.engine_settings, "model": "another-model"}),
     ]
     for other in others:
         engine = CountingEngine()

@@ -16,6 +16,7 @@ import pipeline.part_sink as part_sink
 import pipeline.shard_driver as shard_driver
 from connectors import list_shards, read_parts
 from pipeline.part_sink import PartSink
+from pipeline.plan import JobPlan
 from pipeline.shard_driver import ShardDriver
 from pipeline.shard_outcome import ShardOutcome, ShardState
 
@@ -113,13 +114,14 @@ def test_truncation_cuts_the_document_to_fit(dirs) -> None:
     assert 128 <= row["prompt_tokens"] < 256 - 4 and row["output_tokens"] == 4
 
 
-def test_hooks_outside_jobs_are_rejected(dirs) -> None:
-    from pipeline.hooks import HookError
-
+def test_a_plan_naming_code_instead_of_a_kind_is_refused(dirs) -> None:
     inp, out = dirs
-    plan = make_plan(str(inp), str(out), MODEL, row_hook="os:system")
-    with pytest.raises(HookError):
-        ShardDriver(FakeEngine(), plan)
+    expected = "^unknown job kind 'os:system': expected one of summarize, evaluate, generate, openai_batch, perplexity, extract$"
+    with pytest.raises(ValueError, match=expected):
+        make_plan(str(inp), str(out), MODEL, kind="os:system")
+    data = {**make_plan(str(inp), str(out), MODEL).to_dict(), "kind": "os:system"}
+    with pytest.raises(ValueError, match=expected):  # as a worker reads it from the broker
+        JobPlan.from_dict(data)
 
 
 def test_engine_fault_fails_the_shards_in_it_and_keeps_serving(dirs, monkeypatch) -> None:

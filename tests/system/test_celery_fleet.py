@@ -209,7 +209,7 @@ def test_cancel_job(redis_fleet, tmp_path, tiny_model_dir) -> None:
     assert not success_marker_exists(plan.output_url)
     # exactly the parts of the shards that finished before the cancel (parts are named by their
     # content id, not the shard index: the manifest maps one to the other)
-    done = sorted(s["part"] for s in manifest["shards"] if s["status"] == "done")
+    done = sorted(s["part_file"] for s in manifest["shards"] if s["status"] == "done")
     assert sorted(p.name for p in (tmp_path / "out").glob("part-*.parquet")) == done
 
 

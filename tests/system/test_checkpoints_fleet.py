@@ -70,7 +70,7 @@ def _job(s3_server, bucket: str, model_dir: Path, tag: str, rows: int, checkpoin
 
 def _in_flight(plan) -> int:
     """The most rows a worker's driver keeps in the engine: twice the engine's max_num_seqs."""
-    return 2 * plan.engine["max_num_seqs"]
+    return 2 * plan.engine_settings["max_num_seqs"]
 
 
 def _running(job_id: str) -> dict[str, Any] | None:

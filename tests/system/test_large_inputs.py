@@ -67,7 +67,7 @@ def rss(field):
             return int(line.split()[1]) // 1024
 
 plan = JobPlan.from_dict(json.loads(sys.argv[1]))
-get_engine(plan.engine)
+get_engine(plan.engine_settings)
 before = rss("VmRSS")
 manifest = run_embedded(plan, progress=False)
 print(json.dumps({"before_mib": before, "peak_mib": rss("VmHWM"), "totals": manifest["totals"]}))
