@@ -27,6 +27,7 @@ from connectors import read_manifest, success_marker_exists, write_file_set  # n
 from harness.fleet_job import REQUEST_FILES, job_spec, run_job  # noqa: E402
 from harness.fleet_model import FleetLM  # noqa: E402
 from harness.model import TokenmillLM  # noqa: E402
+from pipeline.shard_outcome import entry_part_file  # noqa: E402
 
 MAX_LENGTH = 128  # the rolling task's second document spans several windows
 SHARD_ROWS = 4  # the 16 multiple-choice requests become 4 shards
@@ -132,13 +133,13 @@ def test_a_run_that_lost_parts_runs_only_those_shards(first_run, seaweedfs_serve
     lm, result = first_run
     mc = read_manifest(lm.jobs[0].output_url)
     bucket, key = lm.jobs[0].output_url.removeprefix("s3://").split("/", 1)
-    lost = [s["part"] for s in mc["shards"][1:3]]
-    for part in lost:
-        seaweedfs_server.client().delete_object(Bucket=bucket, Key=f"{key}/{part}")
+    lost = [entry_part_file(s) for s in mc["shards"][1:3]]
+    for part_file in lost:
+        seaweedfs_server.client().delete_object(Bucket=bucket, Key=f"{key}/{part_file}")
     resumed = fleet_lm(tiny_model_dir, work_dir, engine_args)
     rerun = evaluate(resumed, include_path, tasks=("tm_mc",))
     assert _shards(resumed) == [("loglikelihood", 2, 2)]
-    ran = [s["part"] for s in read_manifest(lm.jobs[0].output_url)["shards"] if s["status"] == "done"]
+    ran = [entry_part_file(s) for s in read_manifest(lm.jobs[0].output_url)["shards"] if s["status"] == "done"]
     assert sorted(ran) == sorted(lost)
     for doc, ref_doc in zip(responses(rerun, "tm_mc"), responses(result, "tm_mc"), strict=True):
         for (ll, greedy), (ref_ll, ref_greedy) in zip(doc, ref_doc, strict=True):
