@@ -158,6 +158,12 @@ def run_case(model_dir: Path, size: int, workload: str, sampling: str, steps: in
     from engine.sampling_params import SamplingParams
 
     engine, sim = make_engine(model_dir, size, device_ms, async_mode)
+    try:  # as a worker does once its engine is built (pipeline/engine_cache.py); trees before it did not
+        from engine.host import freeze_startup_objects
+    except ImportError:
+        pass
+    else:
+        freeze_startup_objects()
     gen = torch.Generator().manual_seed(size)
     counter = iter(range(10**9))
 

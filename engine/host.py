@@ -1,9 +1,11 @@
-"""Process-wide settings for running the engine on a CPU host."""
+"""Process-wide settings of the process that runs the engine (threads and malloc on a CPU host,
+the garbage collector on any)."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import gc
 import logging
 import os
 from pathlib import Path
@@ -97,3 +99,20 @@ def bind_threads_to_cores(threads: int) -> bool:
         log.warning("binding threads to cores failed: %s", os.strerror(err))
         return False
     return True
+
+
+def freeze_startup_objects() -> None:
+    """Move every object alive now (torch, transformers, the model, the tokenizer: hundreds of
+    thousands) out of the cyclic collector's reach, as vLLM does once its engine is loaded.
+    Otherwise each full collection, triggered by the allocations of ordinary steps, walks all of
+    them: at 1,024 sequences with prompts arriving it made a step's host work several times
+    longer (docs/performance/host-path.md). Reference counting still frees what it frees; a
+    process that replaces its engine calls ``release_frozen_objects`` first, or the old engine's
+    cycles would never be collected."""
+    gc.freeze()
+
+
+def release_frozen_objects() -> None:
+    """Undo ``freeze_startup_objects`` and collect, so a dropped engine's memory comes back."""
+    gc.unfreeze()
+    gc.collect()

@@ -8,7 +8,6 @@ bounds memory on a worker that sees several models.
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import threading
@@ -16,6 +15,7 @@ import time
 from typing import Any
 
 from engine import EngineConfig, LLMEngine
+from engine.host import freeze_startup_objects, release_frozen_objects
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,11 @@ def get_engine(settings: dict[str, Any]) -> LLMEngine:
             if _engine is not None:
                 log.info("engine settings changed; replacing the engine")
             _engine, _key = None, None
-            gc.collect()
+            release_frozen_objects()
             started = time.perf_counter()
             engine = LLMEngine(EngineConfig(**settings))
             warm_up(engine)
+            freeze_startup_objects()  # the engine's steps no longer pay for walking these
             _engine, _key = engine, key
             log.info("engine built and warmed for %s in %.1f s (%s)", settings.get("model"),
                      time.perf_counter() - started, threading.current_thread().name)
@@ -70,4 +71,4 @@ def clear_engine_cache() -> None:
     global _engine, _key
     with _lock:
         _engine, _key = None, None
-    gc.collect()
+    release_frozen_objects()
