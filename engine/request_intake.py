@@ -86,8 +86,8 @@ class RequestIntake:
         seq = Sequence(state.request_id, state.prompt_token_ids, params, sample_index=index)
         seq.max_total_tokens = min(seq.num_prompt_tokens + params.max_tokens, self.max_model_len)
         if not params.greedy:
-            seed = params.seed + index if params.seed is not None else self._rng.getrandbits(63)
-            seq.seed = seed
+            # any integer seed (negative, or past 64 bits) names one of the 2**64 streams
+            seq.seed = (params.seed + index) % 2**64 if params.seed is not None else self._rng.getrandbits(63)
         if params.structured_output is not None:
             seq.matcher = self.structured.matcher(params.structured_output)
         if params.logprobs is not None:

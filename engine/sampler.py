@@ -68,7 +68,8 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     ranks = torch.arange(width, device=logits.device)
     outside_k = ranks[None, :] >= k[:, None]
     probs = torch.softmax(sorted_logits.masked_fill(outside_k, float("-inf")), dim=-1)
-    outside = (probs.cumsum(-1) - probs > top_p[:, None]) | outside_k
+    # a row with top_p 1 keeps all (its float sums can pass 1.0 before the end)
+    outside = ((probs.cumsum(-1) - probs > top_p[:, None]) & (top_p < 1.0)[:, None]) | outside_k
     # the smallest logit both filters keep is the row's cut-off (rank 0 is always kept)
     cut = torch.where(outside, torch.full_like(sorted_logits, float("inf")), sorted_logits).amin(-1)
     return logits.masked_fill(logits < cut[:, None], float("-inf"))
@@ -88,9 +89,13 @@ def draw(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """Per row, the first token whose cumulative probability exceeds ``uniform`` times the row's
     total: a token of zero probability is never drawn, however the float sums round."""
     cdf = probs.cumsum(dim=-1)
+    if cdf.is_cuda:  # a one-row scan may sum in another order: keep it flat at zeros and monotone
+        cdf = torch.where(probs > 0, cdf, 0.0).cummax(dim=-1).values
     total = cdf[:, -1:]
     target = torch.minimum(uniform[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True).squeeze(1)
+    tokens = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    # a row without a finite distribution (NaN logits) falls past the end: it takes its argmax
+    return torch.where(tokens < probs.shape[-1], tokens, probs.argmax(dim=-1))
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

@@ -13,11 +13,12 @@ MAX_N = 128  # samples of one prompt
 MAX_STOP = 4  # stop strings
 MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's top_logprobs)
 MAX_STOP_LENGTH = 1024  # characters of one stop string (matched against every step's text)
+GREEDY_BELOW = 1e-5  # temperatures below this decode greedily
 
 
 @dataclass
 class SamplingParams:
-    """How one request is decoded. ``temperature == 0`` means greedy."""
+    """How one request is decoded. ``temperature`` 0 (or below ``GREEDY_BELOW``) means greedy."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -46,7 +47,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Below ``GREEDY_BELOW`` the distribution is the argmax in all but float noise, and
+        logits / temperature would overflow float32 (as vLLM treats it)."""
+        return self.temperature < GREEDY_BELOW
 
     def validate(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:

@@ -95,3 +95,16 @@ def test_samples_survive_preemption(tiny_model_dir):
     for a, t in zip(ample, tight, strict=True):
         assert [c.token_ids for c in t.outputs] == [c.token_ids for c in a.outputs]
     assert tight_llm.stats()["kv_blocks_used_now"] == 0
+
+
+def test_any_integer_seed_names_a_stream_without_failing_its_batch(tiny_model_dir):
+    """Seeds below 0 or past 64 bits (and seed + index past them) are taken modulo 2**64: the
+    request runs, beside others, and -1 draws what 2**64 - 1 draws."""
+    llm = tiny(tiny_model_dir)
+    params = [SamplingParams(max_tokens=6, temperature=1.0, seed=s, n=2, ignore_eos=True)
+              for s in (-1, 2**64 - 1, 2**70, 7)]
+    outs = llm.generate([PROMPT] * 4, params)
+    tokens = [[c.token_ids for c in o.outputs] for o in outs]
+    assert all(o.error is None for o in outs) and all(len(t) == 6 for ts in tokens for t in ts)
+    assert tokens[0] == tokens[1]  # -1 and 2**64 - 1: the same stream
+    assert tokens[3][0] != tokens[3][1] and tokens[2][0] != tokens[0][0]  # other seeds, other streams

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from engine.sampler import draw, filter_top_k_top_p, sample, uniform_draws
@@ -123,3 +124,33 @@ def test_uniform_draws_are_uniform_and_distinct():
     big = uniform_draws(np.array([2**40 + 7, 7]), np.array([3, 3]))
     assert big[0] != big[1]  # the seed's high bits count
     assert uniform_draws(np.array([2**63 - 1]), np.array([0]))[0] == uniform_draws(np.array([2**63 - 1]), np.array([0]))[0]
+
+
+def test_a_tiny_temperature_is_greedy_and_never_draws_past_the_vocabulary():
+    """logits / 1e-45 overflows float32 (NaN probabilities); such a row decodes greedily, and a
+    row whose distribution is NaN anyway takes its argmax instead of the index ``vocab``."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(7))
+    seqs = [seq(1, temperature=1e-45), seq(2, temperature=1e-38), seq(3, temperature=1e-6)]
+    assert all(s.params.greedy for s in seqs)
+    assert sample(logits, seqs).tolist() == logits.argmax(-1).tolist()
+    nan = torch.full((2, 4), float("nan"))
+    assert all(0 <= t < 4 for t in draw(nan, torch.tensor([0.5, 0.99])).tolist())
+
+
+def test_a_top_p_of_one_keeps_every_token_beside_rows_that_filter():
+    """Rounding can carry a row's running sum past 1.0 before its last tokens: with top_p 1 the
+    row still keeps them all, whatever its neighbours filter."""
+    logits = torch.randn(2, 49152, generator=torch.Generator().manual_seed(3)) * 4
+    kept = filter_top_k_top_p(logits, torch.tensor([0, 0]), torch.tensor([1.0, 0.5]))
+    assert torch.isfinite(kept[0]).all()
+    assert not torch.isfinite(kept[1]).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_the_gpu_draws_what_the_cpu_draws():
+    logits = torch.randn(64, 4096, generator=torch.Generator().manual_seed(5))
+    seqs = [seq(100 + i, num_tokens=3 + i, temperature=0.9, top_k=(0, 40)[i % 2], top_p=(1.0, 0.9)[i % 3 == 0])
+            for i in range(63)] + [seq(0, temperature=0.0)]
+    assert sample(logits.cuda(), seqs).cpu().tolist() == sample(logits, seqs).tolist()
+    one = sample(logits[:1].cuda(), seqs[:1]).item()  # one row: another scan on the device
+    assert one == sample(logits[:1], seqs[:1]).item()
