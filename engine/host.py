@@ -109,6 +109,7 @@ def freeze_startup_objects() -> None:
     longer (docs/performance/host-path.md). Reference counting still frees what it frees; a
     process that replaces its engine calls ``release_frozen_objects`` first, or the old engine's
     cycles would never be collected."""
+    gc.collect()  # the garbage of building and warming up is not kept forever
     gc.freeze()
 
 

@@ -71,4 +71,4 @@ def clear_engine_cache() -> None:
     global _engine, _key
     with _lock:
         _engine, _key = None, None
-    release_frozen_objects()
+        release_frozen_objects()  # under the lock: a get_engine beside it may be freezing its own

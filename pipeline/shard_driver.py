@@ -28,6 +28,7 @@ import logging
 import os
 import socket
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 
@@ -246,14 +247,18 @@ class ShardDriver:
             self._fail_in_flight("the engine dropped the request")
             return
         started = time.perf_counter()
+        reason = None
         try:
             outputs = self.engine.step()
         except Exception as exc:
             # Not one request's fault (the engine isolates those): its state is unknown. Every
             # shard with rows in it fails (transient: the fleet retries it), then the engine is
             # rebuilt and the run goes on with the shards that had nothing in it.
-            log.exception("engine step failed; failing the shards in it and rebuilding the engine")
+            # the traceback as text: a log record holding the exception would hold the engine
+            log.error("engine step failed; failing the shards in it and rebuilding the engine\n%s",
+                      traceback.format_exc())
             reason = f"engine failed: {type(exc).__name__}: {exc}"
+        if reason is not None:  # out of the except block: its traceback no longer holds the engine
             for shard in self.in_flight.shards():
                 self._fail_shard(shard, reason, transient=True)
             self._fail_in_flight(reason)
@@ -285,6 +290,10 @@ class ShardDriver:
         if self.engine_factory is None:
             self.in_flight.abort_everything()
             return
+        # Let go of the old engine first: the factory may free it (and its KV pool) before
+        # building the new one, and must not see it still held here.
+        self.engine = self.request_builder = self.preparation = None  # type: ignore[assignment]
+        self.in_flight.use_engine(None)  # type: ignore[arg-type]
         self._use_engine(self.engine_factory())
 
     def _fail_in_flight(self, message: str) -> None:

@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 from pathlib import Path
 
 import pytest
@@ -27,11 +29,14 @@ def test_engine_death_fails_its_shards_rebuilds_and_keeps_serving(tmp_path: Path
     ids = write_uniform_shards(local_put(inp), count=2, rows=4)
     plan = make_plan(str(inp), str(out), tiny_model_dir, job_id="svc-death")
     first, second = list_shards(plan.input_url)
-    dead = engine_cache.get_engine(plan.engine_settings)
+    engine = engine_cache.get_engine(plan.engine_settings)
+    engine.runner.self_cycle = engine.runner  # caught in a reference cycle, as an engine may be
+    dead, dead_runner = weakref.ref(engine), weakref.ref(engine.runner)
+    del engine
     real_step = LLMEngine.step
 
     def dying_step(self):
-        if self is dead:  # this engine's scheduler state is broken: every step raises
+        if self is dead():  # this engine's scheduler state is broken: every step raises
             raise RuntimeError("scheduler state corrupt")
         return real_step(self)
 
@@ -45,8 +50,10 @@ def test_engine_death_fails_its_shards_rebuilds_and_keeps_serving(tmp_path: Path
     assert not list(out.glob("part-*"))  # nothing committed for the failed shard
 
     rebuilt = engine_cache.get_engine(plan.engine_settings)
-    assert rebuilt is not dead  # the broken engine was replaced, not reused
-    assert not dead.has_unfinished()
+    gc.collect()
+    # the broken engine was replaced, not reused, and let go before its successor was frozen
+    # out of the collector's reach: nothing of it is left, cycle or not
+    assert dead() is None and dead_runner() is None and rebuilt.runner is not None
     later = [service.submit(plan, shard) for shard in (first, second)]  # the retry, and a new shard
     assert [f.result(timeout=300).state for f in later] == ["done", "done"]
     out_ids = read_parts(plan.output_url).column("id").to_pylist()
