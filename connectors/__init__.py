@@ -19,6 +19,7 @@ from connectors.lease import (
 )
 from connectors.manifest import (
     read_manifest,
+    remove_optional,
     remove_success_marker,
     success_marker_exists,
     write_bytes,
@@ -99,6 +100,7 @@ __all__ = [
     "read_lease",
     "read_lines",
     "read_manifest",
+    "remove_optional",
     "read_part_columns",
     "read_part_commit",
     "read_part_footer",

@@ -18,8 +18,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors import OutputLeased, join_url, read_manifest, read_parts, write_file_set
+from connectors import OutputLeased, join_url, read_manifest, read_parts, remove_optional, write_file_set
 from jobs.spec import JobSpec
+from pipeline.shard_outcome import entry_part_file
 
 log = logging.getLogger("lm_eval.models.tokenmill")
 REQUEST_FILES = "requests-*.jsonl"
@@ -156,10 +157,20 @@ def _running_job(exc: OutputLeased, spec: JobSpec) -> str:
 
 
 def read_results(spec: JobSpec, manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each request's result row by id; ``RuntimeError`` names the first row with an error."""
+    """Each request's result row by id; ``RuntimeError`` names the first row with an error.
+
+    A part holding an error row is removed first: committed, it would be taken as current by
+    every later run of this evaluation, which could then never succeed; removed, the next run
+    computes that shard again."""
     table = read_parts(spec.output.url, parts=manifest.get("parts"))
     rows = {r["id"]: r for r in table.to_pylist()}
     bad = next((r for r in rows.values() if r.get("error")), None)
     if bad is not None:
-        raise RuntimeError(f"tokenmill could not run request {bad['id']}: {bad['error']}")
+        options = spec.output_storage_options()
+        for entry in manifest.get("shards", []):
+            part_file = entry_part_file(entry)
+            if entry.get("errors") and part_file:
+                remove_optional(join_url(spec.output.url, part_file), options)
+        raise RuntimeError(f"tokenmill could not run request {bad['id']}: {bad['error']} "
+                           "(its shard runs again when this evaluation is run again)")
     return rows

@@ -26,6 +26,11 @@ PROMPT_FIELD = "prompt"
 SCORE_FROM_FIELD = "score_from"
 SAMPLING_FIELD = "sampling"  # a generated row's own settings (the plan's ``sampling_field``)
 COLUMNS = {"logprob": "float64", "is_greedy": "bool"}
+# What a generated row may set for itself: what lm-evaluation-harness's generate_until passes.
+# Not n, logprobs, prompt logprobs or a grammar: they cost far more than a row and no harness
+# request asks for them (a spec of this kind arriving over HTTP must not reach them either).
+ROW_SAMPLING = frozenset({"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
+                          "ignore_eos"})
 
 
 def _token_ids(value: Any, row: int) -> list[int]:
@@ -48,6 +53,11 @@ class TokenRequests:
         prompt = _token_ids(fields.get(PROMPT_FIELD), row)
         start = fields.get(SCORE_FROM_FIELD)
         if start is None:
+            own = fields.get(SAMPLING_FIELD)
+            extra = sorted(set(own) - ROW_SAMPLING) if isinstance(own, dict) else []
+            if extra:
+                raise RowInputError(f"row {row}: field {SAMPLING_FIELD!r} may set only {', '.join(sorted(ROW_SAMPLING))}"
+                                    f" (not {', '.join(extra)})")
             return [SubRequest(prompt, self.row_params(fields, row))]
         if isinstance(start, bool) or not isinstance(start, int) or not 1 <= start < len(prompt):
             raise RowInputError(f"row {row}: field {SCORE_FROM_FIELD!r} must be an integer from 1 to "

@@ -24,7 +24,7 @@ pytest.importorskip("lm_eval")
 from test_harness_model import _summary, assert_same_as_hf  # noqa: E402
 
 from connectors import read_manifest, success_marker_exists, write_file_set  # noqa: E402
-from harness.fleet_job import REQUEST_FILES, job_spec, run_job  # noqa: E402
+from harness.fleet_job import REQUEST_FILES, FleetSettings, job_spec, read_results, run_job  # noqa: E402
 from harness.fleet_model import FleetLM  # noqa: E402
 from harness.model import TokenmillLM  # noqa: E402
 from pipeline.shard_outcome import entry_part_file  # noqa: E402
@@ -176,3 +176,20 @@ def test_without_a_broker_the_job_runs_in_this_process(tiny_model_dir, include_p
     embedded = TokenmillLM(model=str(tiny_model_dir), max_length=MAX_LENGTH, progress=False, **engine_args)
     assert responses(result, "tm_gen") == responses(rerun, "tm_gen") == responses(
         evaluate(embedded, include_path, tasks=("tm_gen",)), "tm_gen")
+
+
+def test_a_part_with_an_error_row_is_not_kept_for_the_next_run(tiny_model_dir, tmp_path, engine_args):
+    """A request that failed raises, and its shard is computed again by the next run instead of
+    being taken as committed (which would fail this evaluation for good)."""
+    settings = FleetSettings(str(tmp_path / "evals"), None, None, None, 2, None, 0.1)
+    rows = [{"id": "0", "text": "loglikelihood", "prompt": [5, 6, 7, 8], "score_from": 2},
+            {"id": "1", "text": "loglikelihood", "prompt": [5, 6, 10**9], "score_from": 1},  # past the vocabulary
+            {"id": "2", "text": "loglikelihood", "prompt": [9, 8, 7], "score_from": 1}]
+    engine = {"model": str(tiny_model_dir), "dtype": "float32", "max_model_len": MAX_LENGTH + 2, **engine_args}
+    spec, files = job_spec("loglikelihood", rows, engine, settings)
+    for attempt in range(2):
+        job_id, manifest = run_job(spec, files, settings)
+        ran = sorted(s["index"] for s in manifest["shards"] if s["status"] == "done")
+        assert ran == ([0, 1] if attempt == 0 else [0])  # the shard with the bad row, again
+        with pytest.raises(RuntimeError, match=r"^tokenmill could not run request 1: row 1: .*runs again"):
+            read_results(spec, manifest)

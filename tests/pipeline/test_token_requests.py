@@ -37,6 +37,8 @@ def test_scored_and_generated_rows_and_their_errors(tmp_path, tiny_model_dir) ->
         {"id": "not-ids", "text": "loglikelihood", "prompt": "Paris", "score_from": 1},
         {"id": "past-end", "text": "loglikelihood", "prompt": PROMPT[:3], "score_from": 3},
         {"id": "bad-sampling", "text": "generate_until", "prompt": PROMPT, "sampling": {"top_p": 0}},
+        {"id": "costly-sampling", "text": "generate_until", "prompt": PROMPT,
+         "sampling": {"max_tokens": 4, "n": 128, "prompt_logprobs": 20}},
     ]
     spec = _spec(tmp_path, rows, tiny_model_dir)
     manifest = run_embedded(spec.to_plan("tokens-1"), progress=False)
@@ -60,7 +62,10 @@ def test_scored_and_generated_rows_and_their_errors(tmp_path, tiny_model_dir) ->
     assert out["past-end"]["error"] == ("row 3: field 'score_from' must be an integer from 1 to 2 "
                                         "(the prompt has 3 tokens)")
     assert out["bad-sampling"]["error"].startswith("row 4: invalid sampling parameters: ")
-    assert manifest["totals"]["errors"] == 3
+    assert out["costly-sampling"]["error"] == (
+        "row 5: field 'sampling' may set only ignore_eos, max_tokens, seed, stop, stop_token_ids, temperature, "
+        "top_k, top_p (not n, prompt_logprobs)")
+    assert manifest["totals"]["errors"] == 4
 
 
 def test_a_spec_of_the_kind_sets_no_prompt(tmp_path, tiny_model_dir) -> None:
