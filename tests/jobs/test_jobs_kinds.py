@@ -311,3 +311,13 @@ def test_evaluate_and_generate_default_model(tmp_path: Path, default_model_dir: 
     assert generate["status"] == "succeeded"
     (row,) = read_parts(str(tmp_path / "gen/out")).to_pylist()
     assert row["id"] == "p1" and row["error"] is None and row["output"].strip()
+
+
+def test_every_module_of_the_kinds_package_defines_its_kind() -> None:
+    """The package's modules are the list of kinds: a helper module put there would become a
+    kind the spec accepts and the worker cannot find."""
+    from jobs.kinds import KIND_NAMES, job_kind
+
+    assert KIND_NAMES[0] == "summarize"  # the default kind leads the spec's error
+    for name in KIND_NAMES:
+        assert job_kind(name).name == name
