@@ -154,7 +154,7 @@ def make_engine(model_dir: Path, size: int, device_ms: float, async_mode: str | 
 
 
 def run_case(model_dir: Path, size: int, workload: str, sampling: str, steps: int, device_ms: float,
-             async_mode: str | None, profile: bool) -> dict:
+             async_mode: str | None, profile: bool, decode_prompt: int = 32) -> dict:
     from engine.sampling_params import SamplingParams
 
     engine, sim = make_engine(model_dir, size, device_ms, async_mode)
@@ -180,7 +180,7 @@ def run_case(model_dir: Path, size: int, workload: str, sampling: str, steps: in
 
     if workload == "decode":
         for _ in range(size):
-            add(32, 3000)
+            add(decode_prompt, 3000)
         while len(engine.scheduler.running) < size or engine.scheduler.waiting:
             engine.step()
     else:  # mixed: sequences of 100-300 tokens, a queue of 200-token prompts behind them
@@ -238,6 +238,7 @@ def main() -> None:
     ap.add_argument("--device-ms", type=float, default=0.0, help="simulated device time per step (0: none)")
     ap.add_argument("--async-modes", nargs="+", default=None, help="off/on: EngineConfig.async_scheduling")
     ap.add_argument("--profile", action="store_true", help="cProfile each case (slows it)")
+    ap.add_argument("--decode-prompt", type=int, default=32, help="prompt tokens of the decode workload's sequences")
     ap.add_argument("--vocab", type=int, default=VOCAB, help="the stub model's vocabulary (sampling cost)")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default=None)
@@ -254,7 +255,7 @@ def main() -> None:
                 for sampling in args.samplings:
                     for mode in args.async_modes or [None]:
                         r = run_case(model_dir, size, workload, sampling, args.steps, args.device_ms, mode,
-                                     args.profile)
+                                     args.profile, args.decode_prompt)
                         rows.append(r)
                         parts = " ".join(f"{k}={v:.0f}" for k, v in r["parts_us_per_step"].items())
                         print(f"{size:5d} {workload:6s} {sampling:6s} async={mode} wall={r['wall_us_per_step']:8.0f} us"

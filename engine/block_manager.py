@@ -179,6 +179,7 @@ class BlockManager:
                 del self.free_queue[block]
             self.ref_counts[block] += 1
         seq.block_table = list(cached_blocks)
+        seq.block_table_version += 1
         seq.num_registered_blocks = len(cached_blocks)
         seq.num_computed_tokens = len(cached_blocks) * self.block_size
         allocated = self.allocate_slots(seq, num_new_tokens)
@@ -210,12 +211,15 @@ class BlockManager:
             return
         first_seen = seq.num_computed_tokens - self.window + 1
         end = min(max(0, first_seen) // self.block_size, len(seq.block_table))
+        if end <= seq.released_blocks:
+            return
         for i in range(seq.released_blocks, end):
             block = seq.block_table[i]
             if block != RELEASED:
                 self._unref(block)
                 seq.block_table[i] = RELEASED
-        seq.released_blocks = max(seq.released_blocks, end)
+        seq.block_table_version += 1
+        seq.released_blocks = end
 
     def _unref(self, block: int) -> None:
         self.ref_counts[block] -= 1
@@ -240,6 +244,7 @@ class BlockManager:
             if block != RELEASED:
                 self.ref_counts[block] += 1
         child.block_table = list(shared)
+        child.block_table_version += 1
         child.released_blocks = min(parent.released_blocks, full)
         child.block_hashes = list(parent.block_hashes[:full])
         child.num_registered_blocks = min(full, parent.num_registered_blocks)
@@ -257,6 +262,7 @@ class BlockManager:
             if block != RELEASED:
                 self._unref(block)
         seq.block_table = []
+        seq.block_table_version += 1
         seq.num_registered_blocks = 0
         seq.released_blocks = 0
 

@@ -38,6 +38,7 @@ def profile_cuda_blocks(
         seq = Sequence(f"profile-{i}", [0] * n, SamplingParams(max_tokens=1))
         nb = -(-n // bs)
         seq.block_table = list(range(first_block, first_block + nb))
+        seq.block_table_version += 1
         first_block += nb
         batch.items.append(ScheduledSequence(seq, n, 0, samples=True))
     torch.cuda.empty_cache()

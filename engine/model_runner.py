@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.attention import AttentionBackend
+from engine.block_table_rows import BlockTableRows
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.cuda_profile import profile_cuda_blocks
@@ -66,6 +67,7 @@ class ModelRunner:
         self.model = model
         self.backend = backend
         self.block_size = config.block_size
+        self.table_rows = BlockTableRows(-(-max_model_len // config.block_size), rows=config.max_num_seqs)
         self.device = torch.device(device)
         self.kv_dtype = backend.kv_cache_dtype(config.torch_dtype)
         self.kv_pool: torch.Tensor | None = None
@@ -103,8 +105,9 @@ class ModelRunner:
     def prepare(self, batch: ScheduledBatch, previous: InFlightStep | None = None) -> StepInputs:
         """The step's tensors on the device (placeholders filled from ``previous``'s tokens)."""
         if previous is None:
-            return build_step_inputs(batch, self.block_size, self.device)
-        return build_step_inputs(batch, self.block_size, self.device, previous.rows, previous.tokens)
+            return build_step_inputs(batch, self.block_size, self.device, self.table_rows)
+        return build_step_inputs(batch, self.block_size, self.device, self.table_rows, previous.rows,
+                                 previous.tokens)
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         meta = inputs.meta

@@ -35,6 +35,9 @@ class Sequence:
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    # bumped by the block manager on any change to block_table but an append (BlockTableRows)
+    block_table_version: int = 0
+    table_row: int = -1  # this sequence's row of the model runner's BlockTableRows, once it has one
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered_blocks: int = 0  # leading blocks of block_table already offered to the prefix cache
     # 1 while the last entry of token_ids is a placeholder for a token the device is still sampling

@@ -10,12 +10,12 @@ the step in flight, which is exactly the wait async scheduling removes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import chain
 
 import numpy as np
 import torch
 
 from engine.attention import AttentionMetadata
+from engine.block_table_rows import BlockTableRows
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
 
@@ -43,10 +43,11 @@ def prompt_logit_positions(seq: Sequence, computed: int, num_new: int) -> range:
 
 
 def build_step_inputs(
-    batch: ScheduledBatch, block_size: int, device: torch.device,
+    batch: ScheduledBatch, block_size: int, device: torch.device, table_rows: BlockTableRows,
     previous: dict[Sequence, int] | None = None, previous_tokens: torch.Tensor | None = None,
 ) -> StepInputs:
-    """The step's tensors on ``device``. Decodes go first so backends can batch them.
+    """The step's tensors on ``device``. Decodes go first so backends can batch them; block
+    tables come from the runner's persistent ``table_rows``.
 
     ``previous`` maps each sequence that sampled in the step still in flight to its row of
     ``previous_tokens`` (on the device): a placeholder fed this step is filled from there."""
@@ -78,10 +79,9 @@ def build_step_inputs(
     # Host arithmetic in numpy: a list of ints becomes an array about ten times faster than a tensor.
     bs = block_size
     width = -(-max(seq_lens) // bs)
-    used = [t if len(t) <= width else t[:width] for t in (it.seq.block_table for it in ordered)]
-    lens = np.fromiter(map(len, used), np.int64, n)
-    tables = np.zeros((n, width), np.int64)
-    tables[np.arange(width) < lens[:, None]] = np.fromiter(chain.from_iterable(used), np.int64, int(lens.sum()))
+    seqs = [it.seq for it in ordered]
+    rows = table_rows.rows_for(seqs, np.fromiter((len(s.block_table) for s in seqs), np.int64, n))
+    tables = table_rows.gather(rows, width)
     q_lens = np.array(query_lens, np.int64)
     ctx = np.array(context_lens, np.int64)
     qsl = np.zeros(n + 1, np.int64)
