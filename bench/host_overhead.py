@@ -238,7 +238,7 @@ def main() -> None:
     ap.add_argument("--device-ms", type=float, default=0.0, help="simulated device time per step (0: none)")
     ap.add_argument("--async-modes", nargs="+", default=None, help="off/on: EngineConfig.async_scheduling")
     ap.add_argument("--profile", action="store_true", help="cProfile each case (slows it)")
-    ap.add_argument("--decode-prompt", type=int, default=32, help="prompt tokens of the decode workload's sequences")
+    ap.add_argument("--decode-prompt", type=int, default=32, help="prompt tokens of the decode workload's sequences (the KV pool holds 40 blocks a sequence)")
     ap.add_argument("--vocab", type=int, default=VOCAB, help="the stub model's vocabulary (sampling cost)")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default=None)
