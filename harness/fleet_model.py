@@ -20,6 +20,7 @@ from lm_eval.api.model import TemplateLM
 from engine import SamplingParams
 from harness.fleet_job import FleetSettings, JobRun, job_spec, read_results, run_job
 from harness.model import ENGINE_ARGS, TokenmillLM, _flag
+from pipeline.token_requests import ROW_SAMPLING
 
 log = logging.getLogger("lm_eval.models.tokenmill")
 
@@ -80,7 +81,8 @@ class FleetLM(TokenmillLM):
         return [(float(r["logprob"]), bool(r["is_greedy"])) for r in self._run("loglikelihood", rows, disable_tqdm)]
 
     def _generate(self, prompts: list[list[int]], params: list[SamplingParams], disable_tqdm: bool) -> list[str]:
-        rows = [{"prompt": p, "sampling": s.to_dict()} for p, s in zip(prompts, params, strict=True)]
+        rows = [{"prompt": p, "sampling": {k: v for k, v in s.to_dict().items() if k in ROW_SAMPLING}}
+                for p, s in zip(prompts, params, strict=True)]
         return [r["output"] or "" for r in self._run("generate_until", rows, disable_tqdm)]
 
     def _run(self, what: str, requests: list[dict[str, Any]], disable_tqdm: bool) -> list[dict[str, Any]]:

@@ -31,6 +31,7 @@ COLUMNS = {"logprob": "float64", "is_greedy": "bool"}
 # request asks for them (a spec of this kind arriving over HTTP must not reach them either).
 ROW_SAMPLING = frozenset({"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
                           "ignore_eos"})
+_DEFAULTS = SamplingParams().to_dict()  # a field left at its default asks for nothing more
 
 
 def _token_ids(value: Any, row: int) -> list[int]:
@@ -54,7 +55,9 @@ class TokenRequests:
         start = fields.get(SCORE_FROM_FIELD)
         if start is None:
             own = fields.get(SAMPLING_FIELD)
-            extra = sorted(set(own) - ROW_SAMPLING) if isinstance(own, dict) else []
+            extra = sorted(k for k, v in own.items()
+                           if k not in ROW_SAMPLING and (k not in _DEFAULTS or v != _DEFAULTS[k])) \
+                if isinstance(own, dict) else []
             if extra:
                 raise RowInputError(f"row {row}: field {SAMPLING_FIELD!r} may set only {', '.join(sorted(ROW_SAMPLING))}"
                                     f" (not {', '.join(extra)})")

@@ -29,6 +29,7 @@ def test_engine_death_fails_its_shards_rebuilds_and_keeps_serving(tmp_path: Path
     ids = write_uniform_shards(local_put(inp), count=2, rows=4)
     plan = make_plan(str(inp), str(out), tiny_model_dir, job_id="svc-death")
     first, second = list_shards(plan.input_url)
+    engine_cache.clear_engine_cache()  # an engine of this test's own, held by nothing of earlier tests
     engine = engine_cache.get_engine(plan.engine_settings)
     engine.runner.self_cycle = engine.runner  # caught in a reference cycle, as an engine may be
     dead, dead_runner = weakref.ref(engine), weakref.ref(engine.runner)
