@@ -27,9 +27,10 @@ class BlockTableRows:
         self.owner: list[Sequence | None] = [None] * rows
         self.free: list[int] = list(range(rows - 1, -1, -1))
 
-    def rows_for(self, seqs: list[Sequence], lens: np.ndarray) -> np.ndarray:
-        """Each sequence's row, brought up to date; ``lens`` holds ``len(seq.block_table)``."""
+    def rows_for(self, seqs: list[Sequence]) -> np.ndarray:
+        """Each sequence's row, brought up to date."""
         n = len(seqs)
+        lens = np.fromiter((len(s.block_table) for s in seqs), np.int64, n)
         rows = np.fromiter((s.table_row for s in seqs), np.int64, n)
         for i in np.flatnonzero(rows < 0).tolist():
             rows[i] = self._assign(seqs[i])
@@ -46,10 +47,10 @@ class BlockTableRows:
         return self.table[rows, :width]
 
     def _sync(self, seq: Sequence, row: int, rewrite: bool) -> None:
-        blocks, done = seq.block_table, 0 if rewrite else int(self.synced[row])
+        blocks, done = seq.block_table, int(self.synced[row])
         if len(blocks) > self.table.shape[1]:
             self._widen(len(blocks))
-        if rewrite or len(blocks) < done:
+        if rewrite or len(blocks) < done:  # anything but an append: the row anew, zeros after it
             self.table[row, len(blocks) :] = 0
             done = 0
         self.table[row, done : len(blocks)] = blocks[done:]
@@ -64,9 +65,7 @@ class BlockTableRows:
         row = self.free.pop()
         self.owner[row] = seq
         seq.table_row = row
-        self.table[row] = 0
-        self.synced[row] = 0
-        self.version[row] = -1
+        self.version[row] = -1  # no sequence's version: the first sync rewrites the whole row
         return row
 
     def _take_back_finished(self) -> None:

@@ -80,8 +80,7 @@ def build_step_inputs(
     bs = block_size
     width = -(-max(seq_lens) // bs)
     seqs = [it.seq for it in ordered]
-    rows = table_rows.rows_for(seqs, np.fromiter((len(s.block_table) for s in seqs), np.int64, n))
-    tables = table_rows.gather(rows, width)
+    tables = table_rows.gather(table_rows.rows_for(seqs), width)
     q_lens = np.array(query_lens, np.int64)
     ctx = np.array(context_lens, np.int64)
     qsl = np.zeros(n + 1, np.int64)

@@ -23,8 +23,7 @@ def rebuilt(seqs: list[Sequence], width: int) -> np.ndarray:
 
 def step(rows: BlockTableRows, seqs: list[Sequence], width: int | None = None) -> np.ndarray:
     width = width or max(1, max(len(s.block_table) for s in seqs))
-    lens = np.fromiter((len(s.block_table) for s in seqs), np.int64, len(seqs))
-    return rows.gather(rows.rows_for(seqs, lens), width)
+    return rows.gather(rows.rows_for(seqs), width)
 
 
 def seq(i: int) -> Sequence:
