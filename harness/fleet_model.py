@@ -19,7 +19,7 @@ from lm_eval.api.model import TemplateLM
 
 from engine import SamplingParams
 from harness.fleet_job import FleetSettings, JobRun, job_spec, read_results, run_job
-from harness.model import ENGINE_ARGS, TokenmillLM, _flag
+from harness.model import TokenmillLM, engine_settings
 from pipeline.token_requests import ROW_SAMPLING
 
 log = logging.getLogger("lm_eval.models.tokenmill")
@@ -53,10 +53,7 @@ class FleetLM(TokenmillLM):
         **engine_args: Any,
     ) -> None:
         TemplateLM.__init__(self)
-        unknown = sorted(set(engine_args) - set(ENGINE_ARGS))
-        if unknown:
-            raise ValueError(f"tokenmill model: unknown model_args {unknown}; engine settings accepted: "
-                             f"{', '.join(ENGINE_ARGS)}")
+        settings = engine_settings(engine_args)
         from engine.model_loader import load_config, load_tokenizer
         from engine.model_registry import DEFAULT_MODEL, resolve_model
 
@@ -68,7 +65,7 @@ class FleetLM(TokenmillLM):
         self._take_settings(load_tokenizer(model_dir), max_model_len, max_length, max_gen_toks, add_bos_token,
                             prefix_token_id, seed, progress)
         self.engine = {"model": name, "dtype": dtype, "max_model_len": max_model_len,
-                       **{k: _flag(v) for k, v in engine_args.items()}}
+                       **settings}
         self.settings = FleetSettings(str(work_dir), broker or None, queue, result_backend, int(shard_rows),
                                       None if timeout_s is None else float(timeout_s), float(poll_s))
         self.jobs: list[JobRun] = []  # one per harness call

@@ -51,6 +51,16 @@ def _flag(value: Any) -> Any:
     return value
 
 
+def engine_settings(engine_args: dict[str, Any]) -> dict[str, Any]:
+    """The engine settings among the model_args (``ENGINE_ARGS``, flags converted); ValueError
+    naming any other argument, for every tokenmill model alike."""
+    unknown = sorted(set(engine_args) - set(ENGINE_ARGS))
+    if unknown:
+        raise ValueError(f"tokenmill model: unknown model_args {unknown}; engine settings accepted: "
+                         f"{', '.join(ENGINE_ARGS)}")
+    return {k: _flag(v) for k, v in engine_args.items()}
+
+
 class TokenmillLM(TemplateLM):
     """``TokenmillLM(model=NAME_OR_DIR, dtype="float32", ...)``; also usable directly with
     ``lm_eval.simple_evaluate(model=TokenmillLM(...))``."""
@@ -72,13 +82,9 @@ class TokenmillLM(TemplateLM):
         **engine_args: Any,
     ) -> None:
         super().__init__()
-        unknown = sorted(set(engine_args) - set(ENGINE_ARGS))
-        if unknown:
-            raise ValueError(f"tokenmill model: unknown model_args {unknown}; engine settings accepted: "
-                             f"{', '.join(ENGINE_ARGS)}")
+        settings = engine_settings(engine_args)
         from engine.model_registry import DEFAULT_MODEL
 
-        settings = {k: _flag(v) for k, v in engine_args.items()}
         if max_length is not None:
             # A scored input of max_length tokens is a prompt of max_length + 1 (the last token is
             # scored, not run) and the engine samples one token after it.

@@ -193,3 +193,10 @@ def test_a_part_with_an_error_row_is_not_kept_for_the_next_run(tiny_model_dir, t
         assert ran == ([0, 1] if attempt == 0 else [0])  # the shard with the bad row, again
         with pytest.raises(RuntimeError, match=r"^tokenmill could not run request 1: row 1: .*runs again"):
             read_results(spec, manifest)
+
+
+@pytest.mark.parametrize("fleet_args", [{}, {"work_dir": "s3://bucket/evals"}])
+def test_both_models_refuse_an_unknown_model_arg(fleet_args):
+    with pytest.raises(ValueError, match=r"^tokenmill model: unknown model_args \['max_num_sequences'\]; "
+                                         r"engine settings accepted: block_size, "):
+        TokenmillLM.create_from_arg_obj({"model": "unused", "max_num_sequences": 8, **fleet_args})
