@@ -3,6 +3,7 @@ the default user template, the OpenAI lines' join)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from jobs.openai_merge import merge_requested, merge_summary
@@ -71,3 +72,20 @@ def reject_prompt_field(spec: JobSpec) -> None:
         raise ValueError(
             f"prompt.prompt_field: only used by kind 'generate' (kind {spec.kind!r} renders prompt.template)"
         )
+
+
+def reject_prompt(spec: JobSpec, why: str) -> None:
+    """For kinds whose rows are not rendered through a prompt: no prompt setting may be given.
+    ``why`` ends the message, after ``prompt.<field>: kind '<kind>'``."""
+    for name in ("system", "template", "prompt_field"):
+        if getattr(spec.prompt, name) is not None:
+            raise ValueError(f"prompt.{name}: kind {spec.kind!r} {why}")
+    if spec.prompt.few_shot:
+        raise ValueError(f"prompt.few_shot: kind {spec.kind!r} {why}")
+
+
+def reject_passthrough_clash(spec: JobSpec, columns: Iterable[str], what: str) -> None:
+    """A passed-through input field may not take the name of a column the kind writes."""
+    clash = sorted(set(columns) & set(spec.input.passthrough))
+    if clash:
+        raise ValueError(f"input.passthrough: {clash} clash with the {what} columns")

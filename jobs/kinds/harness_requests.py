@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from jobs.kinds.base import JobKind
+from jobs.kinds.base import JobKind, reject_passthrough_clash, reject_prompt
 from pipeline.plan import PromptPlan, RequestMode
 from pipeline.token_requests import COLUMNS, SAMPLING_FIELD
 
@@ -23,14 +23,8 @@ class HarnessRequests(JobKind):
     name = "harness_requests"
 
     def check(self, spec: JobSpec) -> None:
-        for name in ("system", "template", "prompt_field"):
-            if getattr(spec.prompt, name) is not None:
-                raise ValueError(f"prompt.{name}: kind 'harness_requests' rows carry their prompts as token ids")
-        if spec.prompt.few_shot:
-            raise ValueError("prompt.few_shot: kind 'harness_requests' rows carry their prompts as token ids")
-        clash = sorted((set(COLUMNS) | {SAMPLING_FIELD}) & set(spec.input.passthrough))
-        if clash:
-            raise ValueError(f"input.passthrough: {clash} clash with the request columns")
+        reject_prompt(spec, "rows carry their prompts as token ids")
+        reject_passthrough_clash(spec, [*COLUMNS, SAMPLING_FIELD], "request")
 
     def plan_fields(self, spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
         return {

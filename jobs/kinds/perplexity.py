@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.kinds.base import JobKind
+from jobs.kinds.base import JobKind, reject_passthrough_clash, reject_prompt
 from pipeline.kind_steps import Step
 from pipeline.plan import PromptPlan, RequestMode
 
@@ -29,14 +29,8 @@ class Perplexity(JobKind):
     name = "perplexity"
 
     def check(self, spec: JobSpec) -> None:
-        for name in ("system", "template", "prompt_field"):
-            if getattr(spec.prompt, name) is not None:
-                raise ValueError(f"prompt.{name}: kind 'perplexity' scores input.text_field as it is, with no prompt")
-        if spec.prompt.few_shot:
-            raise ValueError("prompt.few_shot: kind 'perplexity' scores input.text_field as it is, with no prompt")
-        clash = set(COLUMNS) & set(spec.input.passthrough)
-        if clash:
-            raise ValueError(f"input.passthrough: {sorted(clash)} clash with the perplexity columns")
+        reject_prompt(spec, "scores input.text_field as it is, with no prompt")
+        reject_passthrough_clash(spec, COLUMNS, "perplexity")
 
     def plan_fields(self, spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
         return {

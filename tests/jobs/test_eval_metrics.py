@@ -204,6 +204,16 @@ def _spec(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
      "extract.schema: properties ['output'] clash with output columns"),
     ({"kind": "perplexity", "prompt": {"system": "x"}},
      "prompt.system: kind 'perplexity' scores input.text_field as it is, with no prompt"),
+    ({"kind": "perplexity", "prompt": {"few_shot": [{"user": "q", "assistant": "a"}]}},
+     "prompt.few_shot: kind 'perplexity' scores input.text_field as it is, with no prompt"),
+    ({"kind": "perplexity", "input": {"url": "in.jsonl", "passthrough": ["tokens", "nll", "lang"]}},
+     "input.passthrough: ['nll', 'tokens'] clash with the perplexity columns"),
+    ({"kind": "harness_requests", "prompt": {"template": "{text}"}},
+     "prompt.template: kind 'harness_requests' rows carry their prompts as token ids"),
+    ({"kind": "harness_requests", "prompt": {"few_shot": [{"user": "q", "assistant": "a"}]}},
+     "prompt.few_shot: kind 'harness_requests' rows carry their prompts as token ids"),
+    ({"kind": "harness_requests", "input": {"url": "in.jsonl", "passthrough": ["sampling", "logprob"]}},
+     "input.passthrough: ['logprob', 'sampling'] clash with the request columns"),
 ])
 def test_spec_errors_of_new_kinds(tmp_path: Path, overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
