@@ -55,6 +55,7 @@ class Probe:
         self.engine = engine
         self.host = dict.fromkeys(("schedule", "prepare", "forward_launch", "wait", "apply"), 0.0)
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.shapes: list[tuple[bool, int, int]] = []  # per step: ran a graph, prefill tokens, prefill seqs
         self._wrap(engine.scheduler, "schedule", "schedule")
         self._wrap(engine.runner, "prepare", "prepare")
         self._wrap(engine, "_apply", "apply")
@@ -62,6 +63,9 @@ class Probe:
         forward = runner._forward
 
         def timed_forward(inputs):
+            meta = inputs.meta
+            graph = runner.decode_graphs is not None and runner.decode_graphs.can_run(meta)
+            shape = (graph, meta.num_tokens - meta.num_decodes, meta.num_seqs - meta.num_decodes)
             start, end = event(), event()
             start.record()
             t = time.perf_counter()
@@ -69,6 +73,7 @@ class Probe:
             self.host["forward_launch"] += time.perf_counter() - t
             end.record()
             self.events.append((start, end))
+            self.shapes.append(shape)
             return out
 
         runner._forward = timed_forward
@@ -109,6 +114,7 @@ class Probe:
     def reset(self) -> None:
         self.host = dict.fromkeys(self.host, 0.0)
         self.events = []
+        self.shapes = []
 
     def result(self, wall: float, steps: int) -> dict:
         sync()
@@ -119,7 +125,26 @@ class Probe:
                 "host_ms_excluding_wait": round(sum(v for k, v in host.items() if k != "wait"), 3),
                 "device_ms_per_step_mean": round(statistics.mean(device), 3) if device else None,
                 "device_ms_per_step_median": round(statistics.median(device), 3) if device else None,
-                "device_busy_fraction": round(sum(device) / 1e3 / wall, 3) if device else None}
+                "device_busy_fraction": round(sum(device) / 1e3 / wall, 3) if device else None,
+                "device_by_step_kind": by_kind(device, self.shapes)}
+
+
+def by_kind(device: list[float], shapes: list[tuple[bool, int, int]]) -> dict:
+    """Device ms summed over graph steps and over eager steps grouped by their prefill tokens:
+    where mixed-step graphs or faster prefill would pay."""
+    groups: dict[str, list[tuple[float, int, int]]] = {}
+    edges = (0, 64, 256, 1024, 4096, 1 << 30)
+    for ms, (graph, tokens, seqs) in zip(device, shapes, strict=False):
+        if graph:
+            key = "graph"
+        else:
+            hi = next(e for e in edges if tokens <= e)
+            key = f"eager_prefill_le_{hi}" if hi < edges[-1] else "eager_prefill_gt_4096"
+        groups.setdefault(key, []).append((ms, tokens, seqs))
+    return {k: {"steps": len(v), "device_ms_total": round(sum(x[0] for x in v), 2),
+                "device_ms_mean": round(statistics.mean(x[0] for x in v), 3),
+                "prefill_tokens_total": sum(x[1] for x in v), "prefill_seqs_mean": round(statistics.mean(x[2] for x in v), 2)}
+            for k, v in sorted(groups.items())}
 
 
 def shifted(prompts, shift: int, vocab: int):
@@ -182,6 +207,28 @@ def run_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, c
     del llm, eng, probe, graphs
     free()
     return res | {"_tokens_pair0": ref}
+
+
+def profile_pass(model_dir: Path, prompts, budgets, settings: dict, out: Path) -> dict:
+    """torch.profiler over one async pass: device time per kernel (table written to ``out``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    llm = LLM(str(model_dir), **(settings | {"async_scheduling": True}))
+    vocab = llm.engine.runner.model.config.vocab_size
+    params = [SamplingParams(max_tokens=b, temperature=0, ignore_eos=True) for b in budgets]
+    llm.generate(shifted(prompts, 1, vocab), params)  # compiles
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
+    with profile(activities=acts) as prof:
+        llm.generate(shifted(prompts, 7, vocab), params)
+        sync()
+    avg = prof.key_averages()
+    key = "self_device_time_total" if CUDA else "self_cpu_time_total"
+    out.write_text(avg.table(sort_by=key, row_limit=45, max_name_column_width=70))
+    top = sorted(avg, key=lambda e: -getattr(e, key, 0))[:25]
+    del llm
+    free()
+    return {"table": out.name, "top_us": {e.key[:70]: round(getattr(e, key, 0), 1) for e in top},
+            "total_device_us": round(sum(getattr(e, key, 0) for e in avg), 1)}
 
 
 def eager_reference(model_dir: Path, prompts, budgets, settings: dict, refs) -> dict:
@@ -262,6 +309,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, nargs="+", default=[1024, 256])
     ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--workload", type=Path, default=Path(__file__).with_name("summ-1024.json"))
+    ap.add_argument("--skip", nargs="*", default=[], help="sections to leave out: defaults float32 logprobs seeded")
+    ap.add_argument("--profile", action="store_true", help="a torch.profiler table of one tuned async pass")
     ap.add_argument("--small", action="store_true", help="a tiny model (to try the script on a CPU)")
     args = ap.parse_args()
     rec = Recorder(args.out, device_meta() | {"script": "bench/gpu/gpu_async.py", "argv": sys.argv[1:]})
@@ -276,6 +325,8 @@ def main() -> None:
     for n in args.requests:
         prompts, budgets = wl["prompts"][:n], wl["max_tokens"][:n]
         for name, settings in (("tuned", tuned), ("defaults", base)):
+            if name in args.skip:
+                continue
             res = rec.run(f"{name}/{n}", lambda s=settings, p=prompts, b=budgets: run_setting(model_dir, p, b, s, args.pairs, ceil))
             if res and name == "tuned" and n == args.requests[0]:
                 ref = res.pop("_tokens_pair0")
@@ -284,10 +335,17 @@ def main() -> None:
                 res.pop("_tokens_pair0", None)
             free()  # a failed section leaves its engine to the collector
     n = args.requests[0]
-    rec.run(f"float32-greedy-async-vs-sync/{n}", lambda: greedy_equal(model_dir, wl["prompts"][:n], wl["max_tokens"][:n], tuned))
-    rec.run("logprobs-on-device", lambda: logprobs_on_device(model_dir, wl["prompts"][:64], tuned))
+    if args.profile:
+        rec.run(f"profile/{n}", lambda: profile_pass(model_dir, wl["prompts"][:n], wl["max_tokens"][:n], tuned,
+                                                      args.out.with_name(f"profile-{n}.txt")))
+    if "float32" not in args.skip:
+        rec.run(f"float32-greedy-async-vs-sync/{n}",
+                lambda: greedy_equal(model_dir, wl["prompts"][:n], wl["max_tokens"][:n], tuned))
+    if "logprobs" not in args.skip:
+        rec.run("logprobs-on-device", lambda: logprobs_on_device(model_dir, wl["prompts"][:64], tuned))
     # float32: a bfloat16 model's logits move with the batch's shape, and so would any sample
-    rec.run("seeded-device-sampler", lambda: seeded_check(model_dir, wl["prompts"][:64], tuned | {"dtype": "float32"}))
+    if "seeded" not in args.skip:
+        rec.run("seeded-device-sampler", lambda: seeded_check(model_dir, wl["prompts"][:64], tuned | {"dtype": "float32"}))
     rec.path.write_text(json.dumps(rec.data, indent=1, default=str))
     print("\nSUMMARY gpu_async")
     for name, e in rec.data["sections"].items():
@@ -297,6 +355,8 @@ def main() -> None:
                 print(f"  {name:16s} pair {p['pair']} async={p['async']!s:5s} {p['wall_s']:7.3f}s "
                       f"{p['output_tok_per_s']:8.0f} tok/s floor {p['fraction_of_floor']:.0%} graphs {p['graph_coverage']:.0%} "
                       f"host {p['host_ms_excluding_wait']} ms device {p['device_ms_per_step_mean']} ms wall {p['wall_ms_per_step']} ms")
+            for p in r["passes"][:2]:
+                print(f"  {name:16s} async={p['async']!s:5s} by kind {p.get('device_by_step_kind')}")
             print(f"  {name:16s} sync/async median {r['sync_over_async_median']}  identical {r['async_vs_sync_identical_prompts']}/{r['compared_prompts']}")
         else:
             print(f"  {name:16s} {'ok' if e['ok'] else 'FAILED ' + e.get('error', '')[:160]} ({e['seconds']}s) {str(r)[:200] if r else ''}")
