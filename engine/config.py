@@ -37,6 +37,9 @@ class EngineConfig:
     # CUDA: None (default) or False = capture CUDA graphs for decode steps (Triton backend only);
     # True = eager. See engine/device_features.py.
     enforce_eager: bool | None = None
+    # CUDA graphs on: steps with prefill chunks of up to this many tokens replay piecewise graphs
+    # (attention eager between them; engine/mixed_graphs.py). 0: such steps run eagerly.
+    mixed_graph_max_tokens: int = 4096
     compile: bool = False  # torch.compile the model
     # Schedule and launch step t+1 while step t runs, its sampled tokens filled in on the device.
     # None: on where the device runs apart from the host (CUDA), off on the CPU (nothing to overlap).
@@ -52,6 +55,8 @@ class EngineConfig:
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.mixed_graph_max_tokens < 0:
+            raise ValueError(f"mixed_graph_max_tokens must be >= 0, got {self.mixed_graph_max_tokens}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 

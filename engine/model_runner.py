@@ -13,6 +13,7 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.cuda_profile import profile_cuda_blocks
 from engine.device_features import DeviceFeatures
 from engine.kv_cache import allocate_kv_pool, blocks_from_budget, bytes_per_block
+from engine.mixed_graphs import MixedGraphs, capture_mixed_graphs
 from engine.models.llama import LlamaForCausalLM
 from engine.sampler import sample
 from engine.scheduler import ScheduledBatch
@@ -72,6 +73,7 @@ class ModelRunner:
         self.kv_dtype = backend.kv_cache_dtype(config.torch_dtype)
         self.kv_pool: torch.Tensor | None = None
         self.decode_graphs: DecodeGraphs | None = None
+        self.mixed_graphs: MixedGraphs | None = None
         hf = model.config
         per_block = bytes_per_block(
             hf.num_hidden_layers, self.block_size, hf.num_key_value_heads, model.head_dim, self.kv_dtype
@@ -88,6 +90,8 @@ class ModelRunner:
             self.model = torch.compile(model, dynamic=True)
         if features.cuda_graphs:
             self.decode_graphs = DecodeGraphs(model, self.block_size, max_model_len, config.max_num_seqs, device)
+            self.mixed_graphs = capture_mixed_graphs(
+                model, backend, min(config.mixed_graph_max_tokens, config.max_num_batched_tokens), device)
 
     def allocate_kv_pool(self, num_blocks: int) -> torch.Tensor:
         hf = self.model.config
@@ -113,6 +117,8 @@ class ModelRunner:
         meta = inputs.meta
         if self.decode_graphs is not None and self.decode_graphs.can_run(meta):
             return self.decode_graphs.run(inputs.input_ids, inputs.positions, meta, inputs.logits_indices)
+        if self.mixed_graphs is not None and self.mixed_graphs.can_run(meta):
+            return self.mixed_graphs.run(inputs.input_ids, inputs.positions, meta, inputs.logits_indices)
         return self.model(inputs.input_ids, inputs.positions, meta, inputs.logits_indices)
 
     @torch.inference_mode()

@@ -55,7 +55,7 @@ class Probe:
         self.engine = engine
         self.host = dict.fromkeys(("schedule", "prepare", "forward_launch", "wait", "apply"), 0.0)
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-        self.shapes: list[tuple[bool, int, int]] = []  # per step: ran a graph, prefill tokens, prefill seqs
+        self.shapes: list[tuple[str, int, int]] = []  # per step: graph/mixed/eager, prefill tokens, prefill seqs
         self._wrap(engine.scheduler, "schedule", "schedule")
         self._wrap(engine.runner, "prepare", "prepare")
         self._wrap(engine, "_apply", "apply")
@@ -64,8 +64,10 @@ class Probe:
 
         def timed_forward(inputs):
             meta = inputs.meta
-            graph = runner.decode_graphs is not None and runner.decode_graphs.can_run(meta)
-            shape = (graph, meta.num_tokens - meta.num_decodes, meta.num_seqs - meta.num_decodes)
+            mixed = getattr(runner, "mixed_graphs", None)
+            kind = ("graph" if runner.decode_graphs is not None and runner.decode_graphs.can_run(meta)
+                    else "mixed" if mixed is not None and mixed.can_run(meta) else "eager")
+            shape = (kind, meta.num_tokens - meta.num_decodes, meta.num_seqs - meta.num_decodes)
             start, end = event(), event()
             start.record()
             t = time.perf_counter()
@@ -129,17 +131,17 @@ class Probe:
                 "device_by_step_kind": by_kind(device, self.shapes)}
 
 
-def by_kind(device: list[float], shapes: list[tuple[bool, int, int]]) -> dict:
-    """Device ms summed over graph steps and over eager steps grouped by their prefill tokens:
-    where mixed-step graphs or faster prefill would pay."""
+def by_kind(device: list[float], shapes: list[tuple[str, int, int]]) -> dict:
+    """Device ms summed over decode-graph steps, and over piecewise-graph ("mixed") and eager
+    steps grouped by their prefill tokens: where graphs or faster prefill would pay."""
     groups: dict[str, list[tuple[float, int, int]]] = {}
     edges = (0, 64, 256, 1024, 4096, 1 << 30)
-    for ms, (graph, tokens, seqs) in zip(device, shapes, strict=False):
-        if graph:
+    for ms, (kind, tokens, seqs) in zip(device, shapes, strict=False):
+        if kind == "graph":
             key = "graph"
         else:
             hi = next(e for e in edges if tokens <= e)
-            key = f"eager_prefill_le_{hi}" if hi < edges[-1] else "eager_prefill_gt_4096"
+            key = f"{kind}_prefill_le_{hi}" if hi < edges[-1] else f"{kind}_prefill_gt_4096"
         groups.setdefault(key, []).append((ms, tokens, seqs))
     return {k: {"steps": len(v), "device_ms_total": round(sum(x[0] for x in v), 2),
                 "device_ms_mean": round(statistics.mean(x[0] for x in v), 3),
@@ -164,12 +166,14 @@ def run_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, c
     llm.generate(shifted(prompts, 2, vocab), params)
     probe = Probe(eng)
     graphs = eng.runner.decode_graphs
+    mixed = getattr(eng.runner, "mixed_graphs", None)
     passes, tokens = [], {}
     for pair in range(pairs):
         for mode in (False, True):
             eng.async_scheduling = mode
             probe.reset()
             steps0, graph0 = eng.stats()["steps"], graphs.steps if graphs else 0
+            mixed0 = mixed.steps if mixed else 0
             batch = shifted(prompts, 10 + pair, vocab)  # same prompts for both modes of a pair
             eng.block_manager.reset_prefix_cache()
             sync()
@@ -189,7 +193,9 @@ def run_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, c
                    "errors": sum(o.error is not None for o in outs), "floor_s": round(floor["floor_s"], 4),
                    "fraction_of_floor": round(floor["floor_s"] / wall, 4),
                    "graph_steps": (graphs.steps - graph0) if graphs else 0,
-                   "graph_coverage": round(((graphs.steps - graph0) if graphs else 0) / max(steps, 1), 4)}
+                   "mixed_graph_steps": (mixed.steps - mixed0) if mixed else 0,
+                   "graph_coverage": round((((graphs.steps - graph0) if graphs else 0)
+                                            + ((mixed.steps - mixed0) if mixed else 0)) / max(steps, 1), 4)}
             rec |= probe.result(wall, steps)
             passes.append(rec)
             print(f"  {settings} pair {pair} async={mode}: {wall:.3f}s {rec['output_tok_per_s']:.0f} tok/s "
@@ -202,9 +208,10 @@ def run_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, c
            "sync_over_async_wall_ratio_per_pair": [round(r, 4) for r in ratios],
            "sync_over_async_median": round(statistics.median(ratios), 4),
            "async_vs_sync_identical_prompts": identical, "compared_prompts": pairs * len(prompts),
-           "graph_capture_s": graphs.capture_seconds if graphs else None}
+           "graph_capture_s": graphs.capture_seconds if graphs else None,
+           "mixed_graph_capture_s": mixed.capture_seconds if mixed else None}
     ref = (tokens[(0, False)], tokens[(0, True)])
-    del llm, eng, probe, graphs
+    del llm, eng, probe, graphs, mixed
     free()
     return res | {"_tokens_pair0": ref}
 
@@ -264,7 +271,9 @@ def seeded_check(model_dir: Path, prompts, settings: dict) -> dict:
     free()
     return {"prompts": len(prompts), "async_equals_sync": sum(a == b for a, b in zip(got[False], got[True], strict=True)),
             "batch_of_8_equals_full_batch": sum(a == b for a, b in zip(alone, got[True][:8], strict=True)),
-            "distinct_first_tokens": len({t[0] for t in got[True]})}
+            "distinct_first_tokens": len({t[0] for t in got[True]}),
+            "first_diff_positions": [next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+                                     for a, b in zip(got[False], got[True], strict=True) if a != b]}
 
 
 def greedy_equal(model_dir: Path, prompts, budgets, settings: dict) -> dict:
@@ -324,7 +333,10 @@ def main() -> None:
     tuned = base | dict(max_num_seqs=512, max_num_batched_tokens=8192)
     for n in args.requests:
         prompts, budgets = wl["prompts"][:n], wl["max_tokens"][:n]
-        for name, settings in (("tuned", tuned), ("defaults", base)):
+        variants = [("tuned", tuned), ("defaults", base)]
+        if n == args.requests[0]:  # the piecewise graphs' A/B: the same job with them off
+            variants.insert(1, ("tuned-no-mixed-graphs", tuned | {"mixed_graph_max_tokens": 0}))
+        for name, settings in variants:
             if name in args.skip:
                 continue
             res = rec.run(f"{name}/{n}", lambda s=settings, p=prompts, b=budgets: run_setting(model_dir, p, b, s, args.pairs, ceil))

@@ -123,11 +123,21 @@ class CausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
+        x, residual = self.hidden_states(input_ids, positions, meta)
+        return self.logits(x, residual, logits_indices)
+
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata):
+        """The layers: ``(x, residual)`` of the last one, every token. Apart from ``logits`` so a
+        CUDA graph can hold the layers while the LM head runs on however many rows sample."""
         x, residual = self.embed_tokens(input_ids), None
         if self.embed_scale is not None:  # HF rounds the scale to the weights' dtype first
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         for i, layer in enumerate(self.layers):
             x, residual = layer.forward(x, residual, positions, self.rotary_for(i), meta)
+        return x, residual
+
+    def logits(self, x: torch.Tensor, residual: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
+        """float32 logits of the rows ``logits_indices`` picks (the final norm and the LM head)."""
         x, _ = self.norm.forward(x[logits_indices], residual[logits_indices])
         logits = self.lm_head.forward(x).float()
         if self.final_logit_softcapping:

@@ -1,6 +1,6 @@
 """The new families' GPU paths, compiled: sliding windows in the Triton attention kernels, the
-fused-MoE kernels, and whole tiny models of each family on CUDA (Triton attention, CUDA graphs)
-against HF's float32 greedy tokens.
+fused-MoE kernels, and whole tiny models of each family on CUDA (Triton attention, CUDA graphs
+for decode steps and piecewise ones for steps with prefill chunks) against HF's float32 greedy tokens.
 
 Skipped without CUDA, and under the Triton interpreter: run alone,
 ``TRITON_INTERPRET=0 pytest --noconftest tests/engine/test_cuda_model_zoo.py``.
@@ -73,3 +73,6 @@ def test_family_on_cuda_matches_hf(kind, tmp_path):
     llm = LLM(str(model_dir), device="cuda", num_kv_blocks=256, max_num_batched_tokens=48)
     outs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0))
     assert [o.token_ids for o in outs] == refs
+    runner = llm.engine.runner
+    if runner.decode_graphs is not None:  # steps with prefill chunks replayed the piecewise graphs
+        assert runner.mixed_graphs is not None and runner.mixed_graphs.steps > 0
