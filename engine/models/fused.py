@@ -9,6 +9,7 @@ rotary fourteen, the KV write six), each a dispatch and, for big steps, a pass o
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from engine.native import fused_fn as _fn
 from engine.native import threads as _threads
@@ -81,3 +82,18 @@ def rotary_(qkv: torch.Tensor, num_heads: int, head_dim: int, positions: torch.T
         return
     fn(qkv.data_ptr(), cos_table.data_ptr(), sin_table.data_ptr(), positions.data_ptr(), qkv.shape[0],
        qkv.stride(0), num_heads, head_dim, _threads())
+
+
+def act_and_mul(gate_up: torch.Tensor, intermediate: int, act_name: str, act) -> torch.Tensor:
+    """``act(gate) * up`` for the gated MLP's ``gate_up = [gate | up]`` rows, as a new tensor; ``act``
+    is the torch function ``act_name`` names in ``layers.ACTIVATIONS`` (not imported: it imports us).
+
+    Why: on CUDA torch's ``act(gate).mul_(up)`` is two elementwise kernels on strided halves."""
+    if (gate_up.is_cuda and gate_up.dim() == 2 and gate_up.stride(1) == 1
+            and gate_up.shape[1] == 2 * intermediate):
+        triton_fused = _triton_fused()
+        if (triton_fused is not None and triton_fused.usable(gate_up) and act_name in triton_fused.ACTIVATIONS
+                and gate_up.dtype in triton_fused.DTYPES):
+            return triton_fused.act_and_mul(gate_up, intermediate, act_name)
+    gate, up = gate_up[:, :intermediate], gate_up[:, intermediate:]
+    return (F.silu(gate) if act_name == "silu" else act(gate)).mul_(up)

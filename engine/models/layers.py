@@ -212,12 +212,8 @@ class GatedMLP(nn.Module):
             shards = [("gate_proj", intermediate_size), ("up_proj", intermediate_size)]
             self.gate_up_proj = fused_linear(hidden_size, shards, False)
         self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
-        self.act = activation(act)
-        self.silu = act == "silu"
+        self.act_name, self.act = act, activation(act)
 
     def forward(self, x):
         gate_up = self.gate_up_proj.forward(x)
-        gate, up = gate_up[:, : self.intermediate], gate_up[:, self.intermediate :]
-        if self.silu:
-            return self.down_proj.forward(F.silu(gate).mul_(up))
-        return self.down_proj.forward(self.act(gate).mul_(up))
+        return self.down_proj.forward(fused.act_and_mul(gate_up, self.intermediate, self.act_name, self.act))

@@ -79,3 +79,44 @@ def test_rotary_matches_reference(dtype, num_heads, head_dim) -> None:
     got = got.cpu()
     assert torch.equal(got[:, num_heads * head_dim :], qkv[:, num_heads * head_dim :])
     torch.testing.assert_close(got, expected, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh", "gelu_pytorch_tanh"])
+@pytest.mark.parametrize("rows,inter", [(5, 96), (3, 1536)])  # 1536: two column blocks, the last partial
+def test_act_and_mul_matches_reference(dtype, act, rows, inter) -> None:
+    from engine.models.layers import activation
+
+    gen = torch.Generator().manual_seed(inter + rows)
+    gate_up = (torch.randn(rows, 2 * inter, generator=gen) * 4).to(dtype).to(DEVICE)
+    expected = activation(act)(gate_up[:, :inter]).mul(gate_up[:, inter:]).cpu()  # torch on the same device
+    got = fused_triton.act_and_mul(gate_up, inter, act)
+    assert got.dtype == dtype and got.shape == (rows, inter)
+    got = got.cpu()
+    if DEVICE == "cuda":  # compiled, each rounding is torch's: bit for bit
+        assert torch.equal(got, expected)
+    torch.testing.assert_close(got, expected, **TOL[dtype])
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh"])
+def test_gated_mlp_on_cpu_keeps_the_torch_formulation(act, monkeypatch) -> None:
+    """CPU tensors never reach the Triton kernel (the interpreter would truncate bfloat16)."""
+    from engine.models.layers import GatedMLP, activation
+
+    def no_triton(*args):
+        raise AssertionError("CPU tensors routed to the Triton kernel")
+
+    monkeypatch.setattr(fused_triton, "act_and_mul", no_triton)
+    gen = torch.Generator().manual_seed(3)
+    mlp = GatedMLP(32, 48, act)
+    with torch.no_grad():
+        for p in mlp.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    mlp = mlp.to(torch.bfloat16)
+    x = torch.randn(6, 32, generator=gen).to(torch.bfloat16)
+    gate_up = mlp.gate_up_proj.forward(x)
+    expected = mlp.down_proj.forward(activation(act)(gate_up[:, :48]).mul_(gate_up[:, 48:]))
+    assert torch.equal(mlp.forward(x), expected)
+    dense = gate_up.contiguous()  # the CPU product may come back column-major: try dense rows too
+    expected = activation(act)(dense[:, :48]).mul_(dense[:, 48:])
+    assert torch.equal(fused.act_and_mul(dense, 48, act, activation(act)), expected)
