@@ -18,7 +18,9 @@ import torch
 
 from engine.attention import AttentionMetadata
 
-DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# Past 256, steps of 64 rows: a 1,024-sequence engine's tail steps (300 sequences, say) would
+# otherwise pad to 1,024 rows, and products of that many rows are compute-bound.
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024)
 
 
 class DecodeGraphs:

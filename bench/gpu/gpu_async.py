@@ -319,6 +319,8 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--workload", type=Path, default=Path(__file__).with_name("summ-1024.json"))
     ap.add_argument("--skip", nargs="*", default=[], help="sections to leave out: defaults float32 logprobs seeded")
+    ap.add_argument("--extra-tuned", nargs="*", default=[], metavar="SEQS:TOKENS",
+                    help="more max_num_seqs:max_num_batched_tokens settings run at the first request count")
     ap.add_argument("--profile", action="store_true", help="a torch.profiler table of one tuned async pass")
     ap.add_argument("--small", action="store_true", help="a tiny model (to try the script on a CPU)")
     args = ap.parse_args()
@@ -336,6 +338,9 @@ def main() -> None:
         variants = [("tuned", tuned), ("defaults", base)]
         if n == args.requests[0]:  # the piecewise graphs' A/B: the same job with them off
             variants.insert(1, ("tuned-no-mixed-graphs", tuned | {"mixed_graph_max_tokens": 0}))
+            for spec in args.extra_tuned:
+                seqs, tokens = (int(x) for x in spec.split(":"))
+                variants.append((f"tuned-{seqs}-{tokens}", base | dict(max_num_seqs=seqs, max_num_batched_tokens=tokens)))
         for name, settings in variants:
             if name in args.skip:
                 continue
