@@ -62,6 +62,12 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     renormalised probability reaches ``top_p`` (as vLLM and HF order them); the rest become -inf.
     Ties at a cut-off are kept. ``k_max``: every row's top-k is at most this (set by the caller
     from the host's parameters), so only that many columns need sorting, not the vocabulary."""
+    cut = cut_offs(logits, top_k, top_p, k_max)
+    return logits.masked_fill(logits < cut[:, None], float("-inf"))
+
+
+def cut_offs(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, k_max: int | None = None) -> torch.Tensor:
+    """Each row's smallest logit that ``filter_top_k_top_p`` keeps."""
     sorted_logits = _sorted_descending(logits, k_max)
     width = sorted_logits.shape[-1]
     k = torch.where(top_k > 0, top_k.clamp(max=width), torch.full_like(top_k, width))
@@ -71,18 +77,67 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     # a row with top_p 1 keeps all (its float sums can pass 1.0 before the end)
     outside = ((probs.cumsum(-1) - probs > top_p[:, None]) & (top_p < 1.0)[:, None]) | outside_k
     # the smallest logit both filters keep is the row's cut-off (rank 0 is always kept)
-    cut = torch.where(outside, torch.full_like(sorted_logits, float("inf")), sorted_logits).amin(-1)
-    return logits.masked_fill(logits < cut[:, None], float("-inf"))
+    return torch.where(outside, torch.full_like(sorted_logits, float("inf")), sorted_logits).amin(-1)
+
+
+def host_cut_offs(scaled: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, k_max: int | None) -> np.ndarray:
+    """``cut_offs`` in numpy, for CPU rows: on ``[rows, k]`` arrays a numpy op costs a few
+    microseconds where a torch op costs tens, and a 256-row step runs about ten of them."""
+    vocab = scaled.shape[1]
+    k = k_max if k_max is not None and k_max < vocab else None
+    values = np.partition(scaled, vocab - k, axis=1)[:, vocab - k :] if k else scaled
+    values = np.sort(values, axis=1)[:, ::-1]
+    width = values.shape[1]
+    kept = np.where(top_k > 0, np.minimum(top_k, width), width)
+    outside_k = np.arange(width)[None, :] >= kept[:, None]
+    with np.errstate(invalid="ignore", over="ignore"):  # a NaN row yields a NaN cut-off: it keeps nothing
+        weights = np.exp(np.where(outside_k, -np.inf, values) - values[:, :1])
+        probs = weights / weights.sum(axis=1, keepdims=True)
+        outside = ((np.cumsum(probs, axis=1) - probs > top_p[:, None]) & (top_p < 1.0)[:, None]) | outside_k
+    return np.where(outside, np.inf, values).min(axis=1)
+
+
+def _k_max(params: list[SamplingParams]) -> tuple[bool, int | None]:
+    """Whether any row filters, and the largest top-k when every row has one (decided on the host
+    from the parameters: no device sync)."""
+    filters = any(p.top_k > 0 or p.top_p < 1.0 for p in params)
+    return filters, (max(p.top_k for p in params) if all(p.top_k > 0 for p in params) else None)
 
 
 def _probs(logits: torch.Tensor, settings: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Each row's sampling distribution after its temperature, top-k and top-p; ``settings`` holds
-    them per row (columns 1-3 of ``sample``'s array), ``params`` decide on the host which filters run."""
+    the rows' values (columns 1-3 of ``sample``'s array)."""
     scaled = logits / settings[:, 1:2]
-    if any(p.top_k > 0 or p.top_p < 1.0 for p in params):  # decided on the host: no device sync
-        k_max = max(p.top_k for p in params) if all(p.top_k > 0 for p in params) else None
+    filters, k_max = _k_max(params)
+    if filters:
         scaled = filter_top_k_top_p(scaled, settings[:, 3].to(torch.int64), settings[:, 2], k_max)
     return torch.softmax(scaled, dim=-1)
+
+
+def draw_kept(scaled: np.ndarray, cut: np.ndarray, uniform: np.ndarray) -> np.ndarray:
+    """``draw`` for CPU rows, over only the tokens each row keeps (``scaled >= cut``), in float64:
+    the same token for the same uniform, up to the last bits of the sums. Why: a vocabulary-wide
+    mask, softmax and cumulative sum were most of a seeded CPU step (344 ms of sampling at 256 rows
+    of a 49,152-token vocabulary with top-k 50). A row without a finite distribution (NaN) takes
+    its argmax, as in ``draw``."""
+    n, vocab = scaled.shape
+    row_max = scaled.max(axis=1)
+    flat = np.flatnonzero(scaled >= cut[:, None])  # 13x faster than the 2-D nonzero
+    rows = flat // vocab
+    cols = flat - rows * vocab
+    cdf = np.cumsum(np.exp(scaled.ravel()[flat] - row_max[rows]), dtype=np.float64)
+    counts = np.bincount(rows, minlength=n)
+    ends = np.cumsum(counts)
+    before = np.concatenate(([0.0], cdf))[ends - counts]  # the running sum where each row starts
+    total = np.concatenate(([0.0], cdf))[ends] - before
+    usable = (counts > 0) & np.isfinite(total) & (total > 0)
+    ends = np.maximum(ends, 1)
+    at = np.searchsorted(cdf, before + uniform.astype(np.float64) * total, side="right") if len(cdf) else ends - 1
+    tokens = np.where(usable, cols[np.minimum(at, ends - 1)] if len(cols) else 0, 0)
+    if not usable.all():
+        bad = ~usable
+        tokens[bad] = torch.from_numpy(scaled[bad]).argmax(dim=-1).numpy()
+    return tokens.astype(np.int64)
 
 
 def draw(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
@@ -101,10 +156,9 @@ def draw(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Next token ids (int64, on the logits' device) for ``logits`` [N, vocab] float32, one row per
     sequence that samples this step; greedy rows take the argmax."""
-    out = logits.argmax(dim=-1)
     drawn = [i for i, s in enumerate(seqs) if not s.params.greedy]
     if not drawn:
-        return out
+        return logits.argmax(dim=-1)
     n = len(drawn)
     params = [seqs[i].params for i in drawn]
     host = np.empty((n, 5), np.float32)  # uniform, temperature, top-p, top-k, row: one copy
@@ -116,6 +170,14 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     if logits.is_cuda:
         settings = settings.pin_memory().to(logits.device, non_blocking=True)
     rows = settings[:, 4].to(torch.int64)
-    if n < len(seqs):
-        logits = logits.index_select(0, rows)
-    return out.index_copy(0, rows, draw(_probs(logits, settings, params), settings[:, 0]))
+    picked = logits.index_select(0, rows) if n < len(seqs) else logits
+    filters, k_max = _k_max(params)
+    if logits.is_cuda or not filters:
+        tokens = draw(_probs(picked, settings, params), settings[:, 0])
+    else:  # numpy divides 3x faster than torch here; the same IEEE quotients
+        scaled = picked.detach().numpy() / host[:, 1:2]
+        cut = host_cut_offs(scaled, host[:, 3].astype(np.int64), host[:, 2], k_max)
+        tokens = torch.from_numpy(draw_kept(scaled, cut, host[:, 0]))
+    if n == len(seqs):
+        return tokens
+    return logits.argmax(dim=-1).index_copy(0, rows, tokens)

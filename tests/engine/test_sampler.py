@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.sampler import draw, filter_top_k_top_p, sample, uniform_draws
+from engine.sampler import cut_offs, draw, draw_kept, filter_top_k_top_p, host_cut_offs, sample, uniform_draws
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
@@ -154,3 +154,29 @@ def test_the_gpu_draws_what_the_cpu_draws():
     assert sample(logits.cuda(), seqs).cpu().tolist() == sample(logits, seqs).tolist()
     one = sample(logits[:1].cuda(), seqs[:1]).item()  # one row: another scan on the device
     assert one == sample(logits[:1], seqs[:1]).item()
+
+
+def test_the_cpu_path_draws_what_the_vocabulary_wide_path_draws():
+    """CPU rows that filter take numpy cut-offs and a draw over the kept tokens only; the GPU (and
+    this reference) masks, normalises and sums the whole vocabulary. Same cut-offs, same tokens:
+    rows with ties at the cut, top-k alone, top-p alone, neither, and a NaN row."""
+    g = torch.Generator().manual_seed(11)
+    rows, vocab = 300, 700
+    logits = torch.randn(rows, vocab, generator=g) * 3
+    logits[::7, 100:140] = logits[::7, 100:101]  # 40-way ties, inside the top-k for some rows
+    logits = logits.round(decimals=1)  # more ties
+    logits[5] = float("nan")
+    top_k = torch.tensor([(0, 1, 5, 40, 60)[i % 5] for i in range(rows)])
+    top_p = torch.tensor([(1.0, 0.9, 0.5, 0.99)[i % 4] for i in range(rows)], dtype=torch.float32)
+    for k_max in (None, 60):
+        k = top_k if k_max is None else torch.where(top_k > 0, top_k, torch.full_like(top_k, k_max))
+        want_cut = cut_offs(logits, k, top_p, k_max)
+        got_cut = host_cut_offs(logits.numpy(), k.numpy(), top_p.numpy(), k_max)
+        assert torch.equal(torch.from_numpy(got_cut)[:5], want_cut[:5]) and torch.equal(
+            torch.from_numpy(got_cut)[6:], want_cut[6:])
+        assert np.isnan(got_cut[5])
+        uniform = torch.from_numpy(uniform_draws(np.arange(rows), np.full(rows, 3)))
+        probs = torch.softmax(logits.masked_fill(logits < want_cut[:, None], float("-inf")), dim=-1)
+        want = draw(probs, uniform)
+        got = draw_kept(logits.numpy(), got_cut, uniform.numpy())
+        assert got.tolist() == want.tolist()
