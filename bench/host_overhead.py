@@ -33,6 +33,7 @@ import sysinfo  # noqa: E402
 import torch  # noqa: E402
 
 VOCAB = 512
+ONE_HOT_LOGITS = False  # --one-hot-logits: the stub's logits before 2026-11-26 (ties everywhere)
 PARTS = (  # (label, owner attribute on the engine or None for the engine itself, method)
     ("schedule", "scheduler", "schedule"),
     ("prepare", "runner", "prepare"),
@@ -97,14 +98,21 @@ class StubModel(torch.nn.Module):
         self.head_dim = real.head_dim
         self.sim = device
         self.sync_in_forward = False
+        self.noise: torch.Tensor | None = None
 
     def attention_layers(self):
         return self.real.attention_layers()
 
     def forward(self, input_ids, positions, meta, logits_indices):
         rows = input_ids[logits_indices]
-        logits = torch.zeros(rows.shape[0], VOCAB)
-        logits[torch.arange(rows.shape[0]), (rows * 7 + positions[logits_indices] + 3) % VOCAB] = 1.0
+        n = rows.shape[0]
+        if ONE_HOT_LOGITS:  # every other token tied at zero: top-k keeps the whole vocabulary
+            logits = torch.zeros(n, VOCAB)
+        else:  # a fixed spread of logits, as a model's, with the greedy token well ahead
+            if self.noise is None or self.noise.shape[0] < n:
+                self.noise = torch.randn(max(n, 64), VOCAB, generator=torch.Generator().manual_seed(0)) * 2
+            logits = self.noise[:n].clone()
+        logits[torch.arange(n), (rows * 7 + positions[logits_indices] + 3) % VOCAB] += 6.0
         if self.sim is not None:
             self.sim.launch()
             if self.sync_in_forward:
@@ -229,7 +237,7 @@ def run_case(model_dir: Path, size: int, workload: str, sampling: str, steps: in
 
 
 def main() -> None:
-    global VOCAB
+    global VOCAB, ONE_HOT_LOGITS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 512, 1024])
     ap.add_argument("--workloads", nargs="+", default=["decode", "mixed"])
@@ -240,10 +248,13 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="cProfile each case (slows it)")
     ap.add_argument("--decode-prompt", type=int, default=32, help="prompt tokens of the decode workload's sequences (the KV pool holds 40 blocks a sequence)")
     ap.add_argument("--vocab", type=int, default=VOCAB, help="the stub model's vocabulary (sampling cost)")
+    ap.add_argument("--one-hot-logits", action="store_true",
+                    help="the stub's old logits: one 1.0 per row, the rest tied at 0 (sampling keeps them all)")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     VOCAB = args.vocab
+    ONE_HOT_LOGITS = args.one_hot_logits
     torch.set_num_threads(1)
     info = sysinfo.cpu_info()
     print(sysinfo.describe(info))

@@ -175,7 +175,9 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     if logits.is_cuda or not filters:
         tokens = draw(_probs(picked, settings, params), settings[:, 0])
     else:  # numpy divides 3x faster than torch here; the same IEEE quotients
-        scaled = picked.detach().numpy() / host[:, 1:2]
+        # C order: the few-row CPU Linear hands over logits column-major, and numpy keeps the
+        # layout, which made the partition and the row scans 8x slower
+        scaled = np.divide(picked.detach().numpy(), host[:, 1:2], order="C")
         cut = host_cut_offs(scaled, host[:, 3].astype(np.int64), host[:, 2], k_max)
         tokens = torch.from_numpy(draw_kept(scaled, cut, host[:, 0]))
     if n == len(seqs):
