@@ -63,15 +63,23 @@ NO_WINDOW = 1 << 40  # the prefill kernel's window for a layer without one: long
 
 @functools.cache
 def load_prefill() -> ctypes.CDLL | None:
-    """The built prefill library (AVX-512 only: None elsewhere, and where it cannot be built)."""
-    lib = native.load("paged_prefill", PREFILL_SOURCE, (native.BF16_HEADER, native.AVX512_MATH_HEADER), FLAGS)
+    """The built prefill library (AVX-512, or AVX2 with FMA: None elsewhere, and where it cannot be built)."""
+    lib = native.load("paged_prefill", PREFILL_SOURCE,
+                      (native.BF16_HEADER, native.AVX512_MATH_HEADER, native.AVX2_MATH_HEADER), FLAGS)
     if lib is None or not hasattr(lib, "paged_prefill_f32"):
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     for fn in (lib.paged_prefill_f32, lib.paged_prefill_bf16, lib.paged_prefill_bf16q):
         fn.argtypes = [p, i64, p, p, p, i64, p, p, i64, i64, p, i64, i64, i64, i64, ctypes.c_float, i64, i64]
         fn.restype = ctypes.c_int
+    lib.paged_prefill_tile.restype = ctypes.c_int
     return lib
+
+
+# AVX2 builds (tiles of 8 tokens) were faster than SDPA per chunk up to about this many positions
+# per sequence and slower past it (bench/probe_prefill_attention.py on an AVX2-only AMD EPYC, 2
+# cores: 1.5x at 230, 1.1x at 1,000, 0.85x at 2,000, 0.6-0.8x for 2,000 after 6,000 cached).
+AVX2_MAX_SEQ_LEN = 1024
 
 
 class PagedPrefillKernel:
@@ -82,6 +90,12 @@ class PagedPrefillKernel:
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.fns = {torch.float32: lib.paged_prefill_f32, torch.bfloat16: lib.paged_prefill_bf16}
         self.bf16_queries = lib.paged_prefill_bf16q
+        self.tile = lib.paged_prefill_tile()
+        self.max_seq_len = AVX2_MAX_SEQ_LEN if self.tile < 16 else None  # None: no limit
+
+    def faster_for(self, meta) -> bool:
+        """Whether this build beats SDPA on the step's prompt chunks (see AVX2_MAX_SEQ_LEN)."""
+        return self.max_seq_len is None or max(meta.seq_lens_host[meta.num_decodes :]) <= self.max_seq_len
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float,
                  out: torch.Tensor, window: int | None = None) -> None:

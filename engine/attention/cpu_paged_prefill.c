@@ -1,13 +1,14 @@
-/* Paged prefill attention for AVX-512 CPUs, head_dim 64: the prompt tokens of a step against
+/* Paged prefill attention for AVX-512 and AVX2 CPUs, head_dim 64: the prompt tokens of a step against
  * their sequences' cached context and themselves (causal), keys and values read in place from the
  * block pool through the block table.
  *
  * Why not the decode kernel per token: that reads and widens each key block once per prompt
- * token. Here a work item is (sequence, KV head, tile of 16 prompt tokens): each key/value block
- * is widened once and used by the 16 tokens x all query heads of the group, as small products
- * with the 16 tokens in the vector lanes. Queries and outputs are held transposed
- * ([head_dim][16 tokens]), so the online softmax (running max and sum per token, flash style)
- * works lane-wise with no horizontal sums, and the causal mask is one compare per position.
+ * token. Here a work item is (sequence, KV head, tile of TILE prompt tokens): each key/value block
+ * is widened once and used by the TILE tokens x all query heads of the group, as small products
+ * with the tokens in the vector lanes (TILE 16 with AVX-512, 8 with AVX2: one vector). Queries
+ * and outputs are held transposed ([head_dim][TILE tokens]), so the online softmax (running max
+ * and sum per token, flash style) works lane-wise with no horizontal sums, and the causal mask
+ * is one compare per position. The body is written once over the vector macros below.
  *
  * Layout (the torch backend's): k, v [num_kv_heads, num_blocks, block_size, 64], contiguous; q
  * [T, num_heads, 64] with row stride q_stride; out [T, num_heads, 64] contiguous (q's dtype).
@@ -23,36 +24,75 @@
 
 #include "../native/bf16.h"
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__)
 #include <immintrin.h>
 
 #include "../native/avx512_math.h"
 
-#define HD 64
 #define TILE 16
+typedef __m512 vec;
+#define VZERO() _mm512_setzero_ps()
+#define VSET1(x) _mm512_set1_ps(x)
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VSTORE(p, v) _mm512_storeu_ps((p), (v))
+#define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define VADD(a, b) _mm512_add_ps((a), (b))
+#define VSUB(a, b) _mm512_sub_ps((a), (b))
+#define VMUL(a, b) _mm512_mul_ps((a), (b))
+#define VDIV(a, b) _mm512_div_ps((a), (b))
+#define VMAX(a, b) _mm512_max_ps((a), (b))
+#define VEXP(x) fast_exp16(x)
+#define LANES() _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+/* s with -inf in the lanes where lane CMP x */
+#define VMASK_INF(s, lane, x, CMP) _mm512_mask_mov_ps((s), _mm512_cmp_ps_mask((lane), (x), CMP), _mm512_set1_ps(-INFINITY))
+/* TILE bfloat16 values widened to float32 */
+#define VWIDEN_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+#include "../native/avx2_math.h"
+
+#define TILE 8
+typedef __m256 vec;
+#define VZERO() _mm256_setzero_ps()
+#define VSET1(x) _mm256_set1_ps(x)
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VSTORE(p, v) _mm256_storeu_ps((p), (v))
+#define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define VADD(a, b) _mm256_add_ps((a), (b))
+#define VSUB(a, b) _mm256_sub_ps((a), (b))
+#define VMUL(a, b) _mm256_mul_ps((a), (b))
+#define VDIV(a, b) _mm256_div_ps((a), (b))
+#define VMAX(a, b) _mm256_max_ps((a), (b))
+#define VEXP(x) fast_exp8(x)
+#define LANES() _mm256_set_ps(7, 6, 5, 4, 3, 2, 1, 0)
+#define VMASK_INF(s, lane, x, CMP) _mm256_blendv_ps((s), _mm256_set1_ps(-INFINITY), _mm256_cmp_ps((lane), (x), CMP))
+#define VWIDEN_BF16(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+#endif
+
+#ifdef TILE
+#define HD 64
 #define MAX_GROUP 8
 
-/* A block's 16 rows as float32: a float32 cache is read in place, a bfloat16 one widened into buf. */
+/* A block's TILE rows as float32: a float32 cache is read in place, a bfloat16 one widened into buf. */
 static inline const float *widen_f32(const float *src, float *buf) {
     (void)buf;
     return src;
 }
 
 static inline const float *widen_bf16(const uint16_t *src, float *buf) {
-    for (int e = 0; e < TILE * HD; e += 16)
-        _mm512_storeu_ps(buf + e, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                      _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + e))), 16)));
+    for (int e = 0; e < TILE * HD; e += TILE) VSTORE(buf + e, VWIDEN_BF16(src + e));
     return buf;
 }
 
 /* One item: tokens t0 .. t0 + n - 1 of a chunk (positions pos0 + i), one KV head's group of g
  * query heads. qt/ot: [g][HD][TILE] scratch; kw/vw: [TILE][HD] room for a widened block. */
 #define ITEM_BODY(KV, WIDEN)                                                                                      \
-    const __m512 lane = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);                   \
-    __m512 m[MAX_GROUP], l[MAX_GROUP];                                                                        \
+    const vec lane = LANES();                                                                                \
+    vec m[MAX_GROUP], l[MAX_GROUP];                                                                             \
     for (int h = 0; h < g; ++h) {                                                                             \
-        m[h] = _mm512_set1_ps(-INFINITY), l[h] = _mm512_setzero_ps();                                         \
-        for (int d = 0; d < HD; ++d) _mm512_storeu_ps(ot + (h * HD + d) * TILE, _mm512_setzero_ps());          \
+        m[h] = VSET1(-INFINITY), l[h] = VZERO();                                                               \
+        for (int d = 0; d < HD; ++d) VSTORE(ot + (h * HD + d) * TILE, VZERO());                                \
     }                                                                                                         \
     const int64_t last = pos0 + n - 1; /* the last position any token of the tile sees */                     \
     /* the first position token 0 sees (sliding window), from the start of its 16-position tile */            \
@@ -67,45 +107,43 @@ static inline const float *widen_bf16(const uint16_t *src, float *buf) {
         const int64_t band = p0 - pos0 + window; /* token i sees position p0 + p only if i < band + p */      \
         for (int h = 0; h < g; ++h) {                                                                         \
             const float *qh = qt + h * HD * TILE;                                                             \
-            __m512 s[TILE];                                                                                   \
-            for (int p = 0; p < TILE; ++p) s[p] = _mm512_setzero_ps();                                        \
+            vec s[TILE];                                                                                      \
+            for (int p = 0; p < TILE; ++p) s[p] = VZERO();                                                    \
             for (int d = 0; d < HD; ++d) {                                                                    \
-                const __m512 qv = _mm512_loadu_ps(qh + d * TILE);                                             \
-                for (int p = 0; p < TILE; ++p) s[p] = _mm512_fmadd_ps(qv, _mm512_set1_ps(kb[p * HD + d]), s[p]); \
+                const vec qv = VLOAD(qh + d * TILE);                                                          \
+                for (int p = 0; p < TILE; ++p) s[p] = VFMA(qv, VSET1(kb[p * HD + d]), s[p]);                    \
             }                                                                                                 \
-            __m512 mx = m[h];                                                                                 \
+            vec mx = m[h];                                                                                    \
             for (int p = 0; p < TILE; ++p) {                                                                  \
                 if (p >= np)                                                                                  \
-                    s[p] = _mm512_set1_ps(-INFINITY);                                                         \
+                    s[p] = VSET1(-INFINITY);                                                                  \
                 else {                                                                                        \
                     if (diagonal) /* token i sees position p0 + p iff p0 + p <= pos0 + i */                   \
-                        s[p] = _mm512_mask_mov_ps(s[p], _mm512_cmp_ps_mask(lane, _mm512_set1_ps((float)(p0 + p - pos0)), \
-                                                                           _CMP_LT_OQ), _mm512_set1_ps(-INFINITY)); \
+                        s[p] = VMASK_INF(s[p], lane, VSET1((float)(p0 + p - pos0)), _CMP_LT_OQ);        \
                     if (band + p < TILE) /* ... and p0 + p > pos0 + i - window: lanes from band + p on are out */ \
-                        s[p] = _mm512_mask_mov_ps(s[p], _mm512_cmp_ps_mask(lane, _mm512_set1_ps((float)(band + p)), \
-                                                                           _CMP_GE_OQ), _mm512_set1_ps(-INFINITY)); \
+                        s[p] = VMASK_INF(s[p], lane, VSET1((float)(band + p)), _CMP_GE_OQ);             \
                 }                                                                                             \
-                mx = _mm512_max_ps(mx, s[p]);                                                                 \
+                mx = VMAX(mx, s[p]);                                                                          \
             }                                                                                                 \
-            const __m512 alpha = fast_exp16(_mm512_sub_ps(m[h], mx));                                              \
-            __m512 sum = _mm512_mul_ps(l[h], alpha);                                                          \
+            const vec alpha = VEXP(VSUB(m[h], mx));                                                             \
+            vec sum = VMUL(l[h], alpha);                                                                      \
             for (int p = 0; p < np; ++p) {                                                                    \
-                s[p] = fast_exp16(_mm512_sub_ps(s[p], mx));                                                        \
-                sum = _mm512_add_ps(sum, s[p]);                                                               \
+                s[p] = VEXP(VSUB(s[p], mx));                                                                       \
+                sum = VADD(sum, s[p]);                                                                        \
             }                                                                                                 \
             m[h] = mx, l[h] = sum;                                                                            \
             float *oh = ot + h * HD * TILE;                                                                   \
             for (int d = 0; d < HD; ++d) {                                                                    \
-                __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(oh + d * TILE), alpha);                            \
-                for (int p = 0; p < np; ++p) acc = _mm512_fmadd_ps(s[p], _mm512_set1_ps(vb[p * HD + d]), acc); \
-                _mm512_storeu_ps(oh + d * TILE, acc);                                                         \
+                vec acc = VMUL(VLOAD(oh + d * TILE), alpha);                                                  \
+                for (int p = 0; p < np; ++p) acc = VFMA(s[p], VSET1(vb[p * HD + d]), acc);                     \
+                VSTORE(oh + d * TILE, acc);                                                                   \
             }                                                                                                 \
         }                                                                                                     \
     }                                                                                                         \
     for (int h = 0; h < g; ++h) { /* 1 / l, for the transposed store */                                       \
-        const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), l[h]);                                         \
+        const vec inv = VDIV(VSET1(1.0f), l[h]);                                                              \
         for (int d = 0; d < HD; ++d)                                                                          \
-            _mm512_storeu_ps(ot + (h * HD + d) * TILE, _mm512_mul_ps(_mm512_loadu_ps(ot + (h * HD + d) * TILE), inv)); \
+            VSTORE(ot + (h * HD + d) * TILE, VMUL(VLOAD(ot + (h * HD + d) * TILE), inv));                     \
     }
 
 #define PREFILL(NAME, KV, QT, Q_LOAD, Q_STORE, WIDEN)                                                             \
@@ -160,6 +198,9 @@ static inline const float *widen_bf16(const uint16_t *src, float *buf) {
         free(item_seq), free(item_t0);                                                                            \
         return failed ? -1 : 0;                                                                                   \
     }
+
+/* Tokens per tile: 16 with AVX-512, 8 with AVX2 (the caller's choice of where to use the kernel). */
+int paged_prefill_tile(void) { return TILE; }
 
 #define F32_ID(x) (x)
 PREFILL(paged_prefill_f32, float, float, F32_ID, F32_ID, widen_f32)

@@ -8,7 +8,8 @@ transposing copy and no per-block matmuls.
 Decodes go to the C kernel of ``cpu_kernels.py``, which reads each sequence's blocks in place
 (with torch ops as the fallback: decodes batched by length bucket, compiled). On AVX-512
 CPUs without AMX, prefill chunks of head_dim 64 go to the C prefill kernel
-(``cpu_paged_prefill.c``): tiles of 16 prompt tokens against the blocks in place, flash style,
+(``cpu_paged_prefill.c``; on AVX2-only CPUs, steps whose prompt sequences are at most 1,024
+positions long): tiles of 16 (AVX2: 8) prompt tokens against the blocks in place, flash style,
 so prefix hits need no gather or mask; a layer's sliding window is honoured there too. On an AMD EPYC (Zen 5) it ran 2.4-3.4x faster than SDPA
 in bfloat16 and 2.2-3.0x in float32 (``bench/probe_prefill_attention.py``). Otherwise prefill
 chunks go one sequence at a time through SDPA, and a chunk with no cached context uses its
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
-from engine.host import has_amx, has_avx512
+from engine.host import has_amx
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -51,7 +52,7 @@ class TorchAttentionBackend(AttentionBackend):
             if lib is None and decode_kernel == "c":
                 raise RuntimeError("the C decode kernel is not available (no compiler, or TOKENMILL_CPU_KERNELS=0)")
             self.kernel = PagedDecodeKernel(lib) if lib is not None else None
-            if self.kernel is not None and prefill_kernel and has_avx512():
+            if self.kernel is not None and prefill_kernel:
                 from engine.attention.cpu_kernels import PagedPrefillKernel, load_prefill
 
                 prefill_lib = load_prefill()
@@ -86,7 +87,7 @@ class TorchAttentionBackend(AttentionBackend):
                window: int | None = None):
         out = torch.empty_like(query)
         nd = meta.num_decodes
-        if meta.num_seqs > nd and self._prefill_in_kernel(query, k_cache):
+        if meta.num_seqs > nd and self._prefill_in_kernel(query, k_cache, meta):
             if nd:
                 self._decode(query[:nd], k_cache, v_cache, meta, scale, out[:nd], window)
             self.prefill_kernel_fn(query, k_cache, v_cache, meta, scale, out, window)
@@ -132,12 +133,13 @@ class TorchAttentionBackend(AttentionBackend):
         )
         return o.squeeze(0).transpose(0, 1).to(k_new.dtype)
 
-    def _prefill_in_kernel(self, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    def _prefill_in_kernel(self, q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata) -> bool:
         """Whether prefill chunks go through the C prefill kernel (see the module docstring): only
-        where it was measured faster. With AMX, bfloat16 SDPA is faster on long chunks."""
+        where it was measured faster. With AMX, bfloat16 SDPA is faster on long chunks; the AVX2
+        build is faster on sequences up to about 1,000 positions."""
         return (self.prefill_kernel_fn is not None and self.prefill_kernel and q.device.type == "cpu"
                 and k_cache.dtype in self.kernel.KV_DTYPES and q.shape[-1] == 64
-                and not (q.dtype == torch.bfloat16 and has_amx()))
+                and not (q.dtype == torch.bfloat16 and has_amx()) and self.prefill_kernel_fn.faster_for(meta))
 
     @staticmethod
     def _sdpa_dtype(q: torch.Tensor) -> torch.dtype:

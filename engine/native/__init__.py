@@ -78,6 +78,7 @@ FUSED_SOURCE = Path(__file__).with_name("fused_ops.c")
 FUSED_BODY = FUSED_SOURCE.with_name("fused_ops_body.h")
 BF16_HEADER = FUSED_SOURCE.with_name("bf16.h")  # the bfloat16 conversions every C kernel includes
 AVX512_MATH_HEADER = FUSED_SOURCE.with_name("avx512_math.h")  # vector exp and batched sum of the AVX-512 kernels
+AVX2_MATH_HEADER = FUSED_SOURCE.with_name("avx2_math.h")  # the vector exp of the AVX2 builds
 FUSED_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention.cpu_kernels import PagedDecodeKernel, load
+from engine.attention.cpu_kernels import PagedDecodeKernel, load, load_prefill
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import TorchAttentionBackend, paged_decode_attention
-from engine.host import has_amx, has_avx512
+from engine.host import has_amx
 
 BLOCK_SIZE = 16
 LENGTHS = [1, 15, 16, 17, 100, 0]
@@ -132,8 +132,8 @@ def test_mixed_step_attention_matches_reference(dtype, prefill_kernel, monkeypat
     q, k, v, k_cache, v_cache, meta = _mixed_step(dtype, torch.Generator().manual_seed(7))
     backend = TorchAttentionBackend(prefill_kernel=prefill_kernel)
     backend.write_kv(k, v, k_cache, v_cache, meta)
-    in_kernel = backend._prefill_in_kernel(q, k_cache)
-    assert in_kernel == (prefill_kernel and has_avx512() and not (dtype == torch.bfloat16 and has_amx()))
+    in_kernel = backend._prefill_in_kernel(q, k_cache, meta)
+    assert in_kernel == (prefill_kernel and load_prefill() is not None and not (dtype == torch.bfloat16 and has_amx()))
     if in_kernel:  # no chunk may take the SDPA path then
         monkeypatch.setattr(backend, "_prefill_one", lambda *a: pytest.fail("SDPA path taken"))
     got = backend.attend(q, k, v, k_cache, v_cache, meta, 0.125)
@@ -146,9 +146,9 @@ def test_mixed_step_attention_matches_reference(dtype, prefill_kernel, monkeypat
 def prefill():
     from engine.attention.cpu_kernels import PagedPrefillKernel, load_prefill
 
-    lib = load_prefill() if has_avx512() else None
+    lib = load_prefill()
     if lib is None:
-        pytest.skip("the prefill kernel needs AVX-512 and a C compiler")
+        pytest.skip("the prefill kernel needs AVX-512 or AVX2 with FMA, and a C compiler")
     return PagedPrefillKernel(lib)
 
 
@@ -180,3 +180,18 @@ def test_prefill_kernel_refuses_a_table_outside_the_pool(prefill) -> None:
     bad = k_cache.shape[1] + 7
     with pytest.raises(IndexError, match=f"block table of sequence 1 holds block id {bad} outside the KV pool"):
         prefill(q, k_cache, v_cache, meta, 0.125, torch.empty_like(q))
+
+
+def test_the_avx2_prefill_build_leaves_long_sequences_to_sdpa(prefill) -> None:
+    """The AVX2 build (tiles of 8) lost to SDPA on sequences past about 1,000 positions; the
+    AVX-512 build (tiles of 16) won at every length measured."""
+    from types import SimpleNamespace
+
+    from engine.attention.cpu_kernels import AVX2_MAX_SEQ_LEN
+
+    def step(*prompt_lens: int):
+        return SimpleNamespace(num_decodes=1, seq_lens_host=[4000, *prompt_lens])
+
+    assert prefill.tile in (8, 16)
+    assert prefill.faster_for(step(300, AVX2_MAX_SEQ_LEN))
+    assert prefill.faster_for(step(300, AVX2_MAX_SEQ_LEN + 1)) == (prefill.tile == 16)
