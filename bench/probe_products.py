@@ -69,12 +69,10 @@ def onednn(x, w):
 
 def few_rows_path(dtype: torch.dtype):
     """few_rows.c's function as a product ``fn(x, w)``, where this CPU can run it."""
-    need = {"avx512f"} | ({"avx512_bf16"} if dtype == torch.bfloat16 else set())
-    lib = native.few_rows() if need <= cpu_flags() else None
-    if lib is None:
-        return None
-    fn = getattr(lib, "few_rows_bf16" if dtype == torch.bfloat16 else "few_rows_f32")
-    return lambda x, w: linear.few_rows(x, w, fn)
+    flags = cpu_flags()
+    lib = native.few_rows() if "avx512f" in flags or {"avx2", "fma"} <= flags else None
+    fn = getattr(lib, "few_rows_bf16" if dtype == torch.bfloat16 else "few_rows_f32", None)
+    return None if fn is None else (lambda x, w: linear.few_rows(x, w, fn))
 
 
 def probe_products(rows_list: list[int]) -> list[dict]:
@@ -82,9 +80,12 @@ def probe_products(rows_list: list[int]) -> list[dict]:
     paths = {
         "float32 MKL": (mkl, f32, torch.float32),
         "float32 oneDNN packed": (onednn, pack(f32), torch.float32),
-        "bfloat16 oneDNN packed": (onednn, pack(bf16), torch.bfloat16),
-        "bfloat16 MKL/aten": (mkl, bf16, torch.bfloat16),
     }
+    try:  # oneDNN packs bfloat16 only with avx512bw/vl/dq or avx_ne_convert
+        paths["bfloat16 oneDNN packed"] = (onednn, pack(bf16), torch.bfloat16)
+    except RuntimeError as exc:
+        print(f"bfloat16 oneDNN packed: not on this CPU ({exc})")
+    paths["bfloat16 MKL/aten"] = (mkl, bf16, torch.bfloat16)
     for dtype, ws in ((torch.float32, f32), (torch.bfloat16, bf16)):
         fn = few_rows_path(dtype)
         if fn is not None:

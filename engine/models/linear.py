@@ -19,9 +19,10 @@ only the summation order differs.
 
 Where a product has only a few rows it streams its weight, and two faster paths than the packed
 product exist, each measured on one CPU vendor (``float32_mkl_max_rows``, ``few_rows_kernel``): on Intel, float32 through
-MKL's own F.linear; on AMD with AVX-512, the C kernel ``engine/native/few_rows.c``, which reads
-the weight in place as one linear stream per output row (per model pass of 121 products at 1
-row: bfloat16 7.5 vs 9.1 ms, float32 13.9 vs 16.5; bench/published/probe-products-20261124-043206.json).
+MKL's own F.linear; on AMD with AVX-512 (or AVX2, float32), the C kernel ``engine/native/few_rows.c``,
+which reads the weight in place as one linear stream per output row (per model pass of 121 products
+at 1 row: bfloat16 7.5 vs 9.1 ms, float32 13.9 vs 16.5; bench/published/probe-products-20261124-043206.json;
+AVX2: float32 31 vs 46-51 ms, probe-products-20261126-114827.json).
 
 Unpacked (no oneDNN, another device, or ``pack()`` not called) it falls back to choosing the
 faster orientation of the MKL product: ``W @ x.T`` up to 256 rows, ``F.linear`` beyond.
@@ -56,7 +57,16 @@ BF16_PRODUCTS_ENV = "TOKENMILL_BF16_PRODUCTS"  # "bfloat16" or "float32" overrid
 # packed up to 4 rows in bfloat16 and 2 rows in float32 in every probe run of the final kernel
 # (JSON: bench/published/probe-products-20261124-043206.json); at 8 rows it lost in one run.
 AMD_FEW_ROWS_MAX = {torch.bfloat16: 4, torch.float32: 2}
+# On AMD with AVX2 only, its 8-lane build beat oneDNN's packed float32 product at every row count
+# it takes, 1-8 rows: 1.2-1.7x per pass in two probe runs (bench/published/probe-products-20261126-114827.json,
+# -114846.json). bfloat16 weights are products on a float32 copy there (no native bfloat16).
+AMD_AVX2_FEW_ROWS_MAX = {torch.float32: 8}
 _FEW_ROWS_FN = {torch.float32: "few_rows_f32", torch.bfloat16: "few_rows_bf16"}
+
+
+def few_rows_limit(dtype: torch.dtype) -> int:
+    """Up to how many rows a ``dtype`` product takes few_rows.c where ``few_rows_kernel`` finds it."""
+    return (AMD_FEW_ROWS_MAX if "avx512f" in cpu_flags() else AMD_AVX2_FEW_ROWS_MAX).get(dtype, 0)
 
 
 @functools.cache
@@ -68,9 +78,10 @@ def float32_mkl_max_rows() -> int:
 @functools.cache
 def few_rows_kernel(dtype: torch.dtype):
     """The few_rows.c function for ``dtype`` where this CPU runs it (AMD with AVX-512, and
-    avx512_bf16 for bfloat16), else None."""
+    avx512_bf16 for bfloat16; AMD with AVX2 and FMA, float32), else None."""
     flags = cpu_flags()
-    if cpu_vendor() != "AuthenticAMD" or "avx512f" not in flags or dtype not in _FEW_ROWS_FN:
+    vector = "avx512f" in flags or {"avx2", "fma"} <= flags
+    if cpu_vendor() != "AuthenticAMD" or not vector or few_rows_limit(dtype) == 0:
         return None
     if dtype == torch.bfloat16 and "avx512_bf16" not in flags:
         return None
@@ -159,7 +170,7 @@ class Linear(nn.Linear):
         w = self.weight
         fn = few_rows_kernel(w.dtype) if dtype == w.dtype else None
         if fn is not None and self.bias is None and w.is_contiguous() and w.shape[1] % 32 == 0 and w.shape[0] % 16 == 0:
-            self.few_rows_max, self.few_rows_fn = AMD_FEW_ROWS_MAX[w.dtype], fn
+            self.few_rows_max, self.few_rows_fn = few_rows_limit(w.dtype), fn
         if dtype == torch.bfloat16 and not bf16_beats_float32():
             self.packed_f32, self.packed_bias_f32 = self._packed_as(torch.float32)
         return True

@@ -91,12 +91,14 @@ def test_bf16_products_env_overrides_the_measurement(forced, copy, monkeypatch) 
 
 def _kernel_fn(dtype: torch.dtype):
     """few_rows.c's function for ``dtype`` wherever the CPU can run it (the rule that picks it
-    is AMD-only, but the kernel itself runs on any AVX-512 CPU)."""
-    need = {"avx512f"} | ({"avx512_bf16"} if dtype == torch.bfloat16 else set())
-    lib = native.few_rows() if need <= cpu_flags() else None
-    if lib is None:
-        pytest.skip("few_rows.c needs AVX-512 (and avx512_bf16 for bfloat16) and a C compiler")
-    return getattr(lib, {torch.float32: "few_rows_f32", torch.bfloat16: "few_rows_bf16"}[dtype])
+    is AMD-only, but the kernel itself runs on any AVX-512 CPU, and in float32 on AVX2 with FMA)."""
+    flags = cpu_flags()
+    vector = "avx512f" in flags or {"avx2", "fma"} <= flags
+    lib = native.few_rows() if vector else None
+    fn = getattr(lib, {torch.float32: "few_rows_f32", torch.bfloat16: "few_rows_bf16"}[dtype], None)
+    if fn is None:
+        pytest.skip("few_rows.c needs AVX-512 or AVX2+FMA (and avx512_bf16 for bfloat16) and a C compiler")
+    return fn
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -123,14 +125,16 @@ def test_few_rows_kernel_refuses_what_it_cannot_do() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_linear_takes_few_rows_kernel_up_to_its_row_limit(dtype, monkeypatch) -> None:
-    """Where the rule picks the kernel (AMD with AVX-512), a Linear sends products of up to
-    AMD_FEW_ROWS_MAX rows to it and larger ones to oneDNN; forced on here, whatever this CPU is."""
+    """Where the rule picks the kernel (AMD with AVX-512, or AVX2 in float32), a Linear sends
+    products of up to this CPU's few_rows_limit rows to it and larger ones to oneDNN; forced on
+    here, whatever this CPU's vendor."""
     fn = _kernel_fn(dtype)
     monkeypatch.setattr(linear, "few_rows_kernel", lambda d: fn)
     calls = []
     monkeypatch.setattr(linear, "few_rows", lambda x, w, f: calls.append(x.shape[0]) or F.linear(x, w))
     layer = make(dtype, False)
-    limit = linear.AMD_FEW_ROWS_MAX[dtype]
+    limit = linear.few_rows_limit(dtype)
+    assert limit == ((linear.AMD_FEW_ROWS_MAX if "avx512f" in cpu_flags() else linear.AMD_AVX2_FEW_ROWS_MAX)[dtype])
     for rows in (1, limit, limit + 1):
         layer(torch.randn(rows, 96).to(dtype))
     assert calls == [1, limit]
