@@ -24,7 +24,6 @@ import torch.nn.functional as F
 
 from bench import sysinfo
 from engine import native
-from engine.host import cpu_flags
 from engine.models import linear
 
 # SmolLM2-135M: hidden 576, 9 heads x 64 (3 KV heads), intermediate 1536, vocab 49152, 30 layers.
@@ -69,8 +68,7 @@ def onednn(x, w):
 
 def few_rows_path(dtype: torch.dtype):
     """few_rows.c's function as a product ``fn(x, w)``, where this CPU can run it."""
-    flags = cpu_flags()
-    lib = native.few_rows() if "avx512f" in flags or {"avx2", "fma"} <= flags else None
+    lib = native.few_rows()  # it defines only the functions this CPU's vector units can run
     fn = getattr(lib, "few_rows_bf16" if dtype == torch.bfloat16 else "few_rows_f32", None)
     return None if fn is None else (lambda x, w: linear.few_rows(x, w, fn))
 

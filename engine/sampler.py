@@ -83,10 +83,7 @@ def cut_offs(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, k_m
 def host_cut_offs(scaled: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, k_max: int | None) -> np.ndarray:
     """``cut_offs`` in numpy, for CPU rows: on ``[rows, k]`` arrays a numpy op costs a few
     microseconds where a torch op costs tens, and a 256-row step runs about ten of them."""
-    vocab = scaled.shape[1]
-    k = k_max if k_max is not None and k_max < vocab else None
-    values = np.partition(scaled, vocab - k, axis=1)[:, vocab - k :] if k else scaled
-    values = np.sort(values, axis=1)[:, ::-1]
+    values = _sorted_descending(torch.from_numpy(scaled), k_max).numpy()
     width = values.shape[1]
     kept = np.where(top_k > 0, np.minimum(top_k, width), width)
     outside_k = np.arange(width)[None, :] >= kept[:, None]
@@ -104,11 +101,10 @@ def _k_max(params: list[SamplingParams]) -> tuple[bool, int | None]:
     return filters, (max(p.top_k for p in params) if all(p.top_k > 0 for p in params) else None)
 
 
-def _probs(logits: torch.Tensor, settings: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def _probs(logits: torch.Tensor, settings: torch.Tensor, filters: bool, k_max: int | None) -> torch.Tensor:
     """Each row's sampling distribution after its temperature, top-k and top-p; ``settings`` holds
-    the rows' values (columns 1-3 of ``sample``'s array)."""
+    the rows' values (columns 1-3 of ``sample``'s array), ``filters``/``k_max`` are ``_k_max``'s."""
     scaled = logits / settings[:, 1:2]
-    filters, k_max = _k_max(params)
     if filters:
         scaled = filter_top_k_top_p(scaled, settings[:, 3].to(torch.int64), settings[:, 2], k_max)
     return torch.softmax(scaled, dim=-1)
@@ -128,8 +124,9 @@ def draw_kept(scaled: np.ndarray, cut: np.ndarray, uniform: np.ndarray) -> np.nd
     cdf = np.cumsum(np.exp(scaled.ravel()[flat] - row_max[rows]), dtype=np.float64)
     counts = np.bincount(rows, minlength=n)
     ends = np.cumsum(counts)
-    before = np.concatenate(([0.0], cdf))[ends - counts]  # the running sum where each row starts
-    total = np.concatenate(([0.0], cdf))[ends] - before
+    running = np.concatenate(([0.0], cdf))  # running[i]: the sum before kept token i
+    before = running[ends - counts]
+    total = running[ends] - before
     usable = (counts > 0) & np.isfinite(total) & (total > 0)
     ends = np.maximum(ends, 1)
     at = np.searchsorted(cdf, before + uniform.astype(np.float64) * total, side="right") if len(cdf) else ends - 1
@@ -173,7 +170,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     picked = logits.index_select(0, rows) if n < len(seqs) else logits
     filters, k_max = _k_max(params)
     if logits.is_cuda or not filters:
-        tokens = draw(_probs(picked, settings, params), settings[:, 0])
+        tokens = draw(_probs(picked, settings, filters, k_max), settings[:, 0])
     else:  # numpy divides 3x faster than torch here; the same IEEE quotients
         # C order: the few-row CPU Linear hands over logits column-major, and numpy keeps the
         # layout, which made the partition and the row scans 8x slower

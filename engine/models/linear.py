@@ -79,13 +79,9 @@ def float32_mkl_max_rows() -> int:
 def few_rows_kernel(dtype: torch.dtype):
     """The few_rows.c function for ``dtype`` where this CPU runs it (AMD with AVX-512, and
     avx512_bf16 for bfloat16; AMD with AVX2 and FMA, float32), else None."""
-    flags = cpu_flags()
-    vector = "avx512f" in flags or {"avx2", "fma"} <= flags
-    if cpu_vendor() != "AuthenticAMD" or not vector or few_rows_limit(dtype) == 0:
+    if cpu_vendor() != "AuthenticAMD" or few_rows_limit(dtype) == 0:
         return None
-    if dtype == torch.bfloat16 and "avx512_bf16" not in flags:
-        return None
-    lib = native.few_rows()
+    lib = native.few_rows()  # -march=native: it defines only the functions this CPU can run
     return None if lib is None else getattr(lib, _FEW_ROWS_FN[dtype], None)
 
 

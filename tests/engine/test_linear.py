@@ -92,9 +92,7 @@ def test_bf16_products_env_overrides_the_measurement(forced, copy, monkeypatch) 
 def _kernel_fn(dtype: torch.dtype):
     """few_rows.c's function for ``dtype`` wherever the CPU can run it (the rule that picks it
     is AMD-only, but the kernel itself runs on any AVX-512 CPU, and in float32 on AVX2 with FMA)."""
-    flags = cpu_flags()
-    vector = "avx512f" in flags or {"avx2", "fma"} <= flags
-    lib = native.few_rows() if vector else None
+    lib = native.few_rows()  # it defines only the functions this CPU's vector units can run
     fn = getattr(lib, {torch.float32: "few_rows_f32", torch.bfloat16: "few_rows_bf16"}[dtype], None)
     if fn is None:
         pytest.skip("few_rows.c needs AVX-512 or AVX2+FMA (and avx512_bf16 for bfloat16) and a C compiler")
