@@ -151,11 +151,13 @@ def draw(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """Next token ids (int64, on the logits' device) for ``logits`` [N, vocab] float32, one row per
-    sequence that samples this step; greedy rows take the argmax."""
+    """Next token ids (int64, on the logits' device) for ``logits`` [N, vocab], one row per
+    sequence that samples this step; greedy rows take the argmax. Logits in a 16-bit dtype are
+    widened to float32 only when a row draws: an argmax of exactly widened values is the same."""
     drawn = [i for i, s in enumerate(seqs) if not s.params.greedy]
     if not drawn:
         return logits.argmax(dim=-1)
+    logits = logits.float()
     n = len(drawn)
     params = [seqs[i].params for i in drawn]
     host = np.empty((n, 5), np.float32)  # uniform, temperature, top-p, top-k, row: one copy

@@ -28,8 +28,11 @@ from common import LLAMA_1B, Recorder, build_model, device_meta  # noqa: E402
 from gpu_throughput import ceilings, floor_seconds, free  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
+from engine.attention.triton_backend import DecodeLaunch  # noqa: E402
 
 CUDA = torch.cuda.is_available()  # --small runs the script on a CPU, without device timings
+# The decode launch of the rounds before decode_tune.py (the kernel's splits are interleaved in both).
+BEFORE_LAUNCH = DecodeLaunch(block_n=64, num_warps=4, num_stages=3, min_partition=512, target_programs=512, max_splits=32)
 
 
 class _NoEvent:
@@ -55,7 +58,7 @@ class Probe:
         self.engine = engine
         self.host = dict.fromkeys(("schedule", "prepare", "forward_launch", "wait", "apply"), 0.0)
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-        self.shapes: list[tuple[str, int, int]] = []  # per step: graph/mixed/eager, prefill tokens, prefill seqs
+        self.shapes: list[tuple[str, int, int, int]] = []  # per step: graph/mixed/eager, prefill tokens and seqs, seqs
         self._wrap(engine.scheduler, "schedule", "schedule")
         self._wrap(engine.runner, "prepare", "prepare")
         self._wrap(engine, "_apply", "apply")
@@ -67,7 +70,7 @@ class Probe:
             mixed = getattr(runner, "mixed_graphs", None)
             kind = ("graph" if runner.decode_graphs is not None and runner.decode_graphs.can_run(meta)
                     else "mixed" if mixed is not None and mixed.can_run(meta) else "eager")
-            shape = (kind, meta.num_tokens - meta.num_decodes, meta.num_seqs - meta.num_decodes)
+            shape = (kind, meta.num_tokens - meta.num_decodes, meta.num_seqs - meta.num_decodes, meta.num_seqs)
             start, end = event(), event()
             start.record()
             t = time.perf_counter()
@@ -131,14 +134,14 @@ class Probe:
                 "device_by_step_kind": by_kind(device, self.shapes)}
 
 
-def by_kind(device: list[float], shapes: list[tuple[str, int, int]]) -> dict:
-    """Device ms summed over decode-graph steps, and over piecewise-graph ("mixed") and eager
-    steps grouped by their prefill tokens: where graphs or faster prefill would pay."""
+def by_kind(device: list[float], shapes: list[tuple[str, int, int, int]]) -> dict:
+    """Device ms summed over decode-graph steps grouped by their rows, and over piecewise-graph
+    ("mixed") and eager steps grouped by their prefill tokens: where graphs or faster kernels pay."""
     groups: dict[str, list[tuple[float, int, int]]] = {}
     edges = (0, 64, 256, 1024, 4096, 1 << 30)
-    for ms, (kind, tokens, seqs) in zip(device, shapes, strict=False):
+    for ms, (kind, tokens, seqs, rows) in zip(device, shapes, strict=False):
         if kind == "graph":
-            key = "graph"
+            key = "graph_rows_le_" + str(next(e for e in (16, 64, 256, 1024, 1 << 30) if rows <= e))
         else:
             hi = next(e for e in edges if tokens <= e)
             key = f"{kind}_prefill_le_{hi}" if hi < edges[-1] else f"{kind}_prefill_gt_4096"
@@ -214,6 +217,77 @@ def run_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, c
     del llm, eng, probe, graphs, mixed
     free()
     return res | {"_tokens_pair0": ref}
+
+
+def ab_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, ceil: dict) -> dict:
+    """Before/after in one process: an engine with the previous round's decode launch and float32
+    logits, and one with this tree's defaults, both alive; timed async passes alternate between
+    them (the order flips each pair), then one sync pass of "after" checks async = sync."""
+    from engine import model_runner
+    from engine.attention import triton_backend
+
+    default_launch = triton_backend.DEFAULT_DECODE
+    engines = {}
+    try:
+        for name, launch, narrow, util in (("before", BEFORE_LAUNCH, False, 0.42), ("after", default_launch, True, 0.88)):
+            triton_backend.DEFAULT_DECODE, model_runner.ModelRunner.argmax_in_model_dtype = launch, narrow
+            engines[name] = LLM(str(model_dir), **(settings | {"gpu_memory_utilization": util}))
+    finally:
+        triton_backend.DEFAULT_DECODE, model_runner.ModelRunner.argmax_in_model_dtype = default_launch, True
+    vocab = engines["after"].engine.runner.model.config.vocab_size
+    params = [SamplingParams(max_tokens=b, temperature=0, ignore_eos=True) for b in budgets]
+    probes = {}
+    for name, llm in engines.items():
+        llm.engine.async_scheduling = True
+        llm.generate(shifted(prompts, 1, vocab), params)  # untimed: compiles every Triton variant
+        probes[name] = Probe(llm.engine)
+    passes, tokens = [], {}
+    for pair in range(pairs):
+        for name in (("before", "after") if pair % 2 == 0 else ("after", "before")):
+            llm, probe = engines[name], probes[name]
+            eng = llm.engine
+            graphs, mixed = eng.runner.decode_graphs, eng.runner.mixed_graphs
+            probe.reset()
+            steps0, graph0, mixed0 = eng.stats()["steps"], graphs.steps if graphs else 0, mixed.steps if mixed else 0
+            eng.block_manager.reset_prefix_cache()
+            sync()
+            t = time.perf_counter()
+            outs = llm.generate(shifted(prompts, 10 + pair, vocab), params)
+            sync()
+            wall = time.perf_counter() - t
+            steps = eng.stats()["steps"] - steps0
+            tokens[(pair, name)] = [o.token_ids for o in outs]
+            n_params = sum(p.numel() for p in eng.runner.model.parameters())
+            cfg = eng.runner.model.config
+            floor = floor_seconds(prompts, budgets, steps, n_params,
+                                  2 * cfg.num_hidden_layers * cfg.num_key_value_heads * eng.runner.model.head_dim * 2, ceil)
+            rec = {"pair": pair, "engine": name, "wall_s": round(wall, 4), "floor_s": round(floor["floor_s"], 4),
+                   "fraction_of_floor": round(floor["floor_s"] / wall, 4), "errors": sum(o.error is not None for o in outs),
+                   "output_tokens": sum(len(o.token_ids) for o in outs), "expected_output_tokens": sum(budgets),
+                   "graph_coverage": round(((graphs.steps - graph0 if graphs else 0)
+                                            + (mixed.steps - mixed0 if mixed else 0)) / max(steps, 1), 4)}
+            rec |= probe.result(wall, steps)
+            passes.append(rec)
+            print(f"  ab {name:6s} pair {pair}: {wall:.3f}s floor {rec['fraction_of_floor']:.0%} steps {steps} "
+                  f"graphs {rec['graph_coverage']:.0%} host {rec['host_ms_excluding_wait']} ms "
+                  f"device {rec['device_ms_per_step_mean']} ms busy {rec['device_busy_fraction']}", flush=True)
+    after = engines["after"]
+    after.engine.async_scheduling = False
+    after.engine.block_manager.reset_prefix_cache()
+    sync_tokens = [o.token_ids for o in after.generate(shifted(prompts, 10, vocab), params)]
+    ratios = [next(p["wall_s"] for p in passes if p["pair"] == k and p["engine"] == "before")
+              / next(p["wall_s"] for p in passes if p["pair"] == k and p["engine"] == "after") for k in range(pairs)]
+    res = {"settings": settings, "before": {"decode_launch": BEFORE_LAUNCH.__dict__, "float32_logits": True},
+           "after": {"decode_launch": default_launch.__dict__, "float32_logits": False}, "passes": passes,
+           "before_over_after_per_pair": [round(r, 4) for r in ratios],
+           "before_over_after_median": round(statistics.median(ratios), 4),
+           "after_fraction_of_floor": [p["fraction_of_floor"] for p in passes if p["engine"] == "after"],
+           "after_async_vs_sync_identical": sum(a == b for a, b in zip(tokens[(0, "after")], sync_tokens, strict=True)),
+           "before_vs_after_identical": sum(a == b for a, b in zip(tokens[(0, "before")], tokens[(0, "after")], strict=True)),
+           "compared_prompts": len(prompts)}
+    del engines, probes, after
+    free()
+    return res
 
 
 def profile_pass(model_dir: Path, prompts, budgets, settings: dict, out: Path) -> dict:
@@ -323,6 +397,8 @@ def main() -> None:
                     help="more max_num_seqs:max_num_batched_tokens settings run at the first request count")
     ap.add_argument("--profile", action="store_true", help="a torch.profiler table of one tuned async pass")
     ap.add_argument("--small", action="store_true", help="a tiny model (to try the script on a CPU)")
+    ap.add_argument("--ab", nargs="*", default=[], metavar="REQUESTS:SEQS:TOKENS",
+                    help="before/after A/B runs (ab_setting) in place of the sections; e.g. 1024:1024:8192 256:512:8192")
     args = ap.parse_args()
     rec = Recorder(args.out, device_meta() | {"script": "bench/gpu/gpu_async.py", "argv": sys.argv[1:]})
     wl = json.loads(args.workload.read_text())
@@ -333,7 +409,13 @@ def main() -> None:
     ceil = (rec.run("ceilings", ceilings) if CUDA else None) or {"copy_tb_per_s": 4.3, "bf16_matmul_tflops": 790.0}
     base = dict(dtype="bfloat16", max_model_len=4096)
     tuned = base | dict(max_num_seqs=512, max_num_batched_tokens=8192)
-    for n in args.requests:
+    for spec in args.ab:
+        n, seqs, tokens = (int(x) for x in spec.split(":"))
+        settings = base | dict(max_num_seqs=seqs, max_num_batched_tokens=tokens)
+        rec.run(f"ab-{seqs}-{tokens}/{n}", lambda s=settings, n=n: ab_setting(
+            model_dir, wl["prompts"][:n], wl["max_tokens"][:n], s, args.pairs, ceil))
+        free()
+    for n in (args.requests if not args.ab else []):
         prompts, budgets = wl["prompts"][:n], wl["max_tokens"][:n]
         variants = [("tuned", tuned), ("defaults", base)]
         if n == args.requests[0]:  # the piecewise graphs' A/B: the same job with them off
@@ -353,7 +435,8 @@ def main() -> None:
             free()  # a failed section leaves its engine to the collector
     n = args.requests[0]
     if args.profile:
-        rec.run(f"profile/{n}", lambda: profile_pass(model_dir, wl["prompts"][:n], wl["max_tokens"][:n], tuned,
+        prof = base | dict(max_num_seqs=1024, max_num_batched_tokens=8192) if args.ab else tuned
+        rec.run(f"profile/{n}", lambda: profile_pass(model_dir, wl["prompts"][:n], wl["max_tokens"][:n], prof,
                                                       args.out.with_name(f"profile-{n}.txt")))
     if "float32" not in args.skip:
         rec.run(f"float32-greedy-async-vs-sync/{n}",
@@ -367,7 +450,17 @@ def main() -> None:
     print("\nSUMMARY gpu_async")
     for name, e in rec.data["sections"].items():
         r = e.get("result") if e["ok"] else None
-        if isinstance(r, dict) and "passes" in r:
+        if isinstance(r, dict) and "before_over_after_median" in r:
+            for p in r["passes"]:
+                print(f"  {name:16s} {p['engine']:6s} pair {p['pair']} {p['wall_s']:7.3f}s floor {p['fraction_of_floor']:.0%} "
+                      f"graphs {p['graph_coverage']:.0%} host {p['host_ms_excluding_wait']} ms device {p['device_ms_per_step_mean']} ms "
+                      f"wall {p['wall_ms_per_step']} ms busy {p['device_busy_fraction']}")
+            for p in r["passes"][:2]:
+                print(f"  {name:16s} {p['engine']:6s} by kind {p.get('device_by_step_kind')}")
+            print(f"  {name:16s} before/after median {r['before_over_after_median']} per pair {r['before_over_after_per_pair']}"
+                  f"  after async=sync {r['after_async_vs_sync_identical']}/{r['compared_prompts']}"
+                  f"  before=after {r['before_vs_after_identical']}")
+        elif isinstance(r, dict) and "passes" in r:
             for p in r["passes"]:
                 print(f"  {name:16s} pair {p['pair']} async={p['async']!s:5s} {p['wall_s']:7.3f}s "
                       f"{p['output_tok_per_s']:8.0f} tok/s floor {p['fraction_of_floor']:.0%} graphs {p['graph_coverage']:.0%} "

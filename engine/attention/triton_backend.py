@@ -19,6 +19,7 @@ except ImportError as exc:  # pragma: no cover - exercised only where triton is 
     raise ImportError("the triton backend needs the triton package: pip install 'tokenmill[triton]'") from exc
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -60,23 +61,37 @@ def _dot_dtype(kernel: Any, dtype: torch.dtype) -> Any:
     return tl.float32 if interpreted(kernel) and dtype == torch.bfloat16 else _TL_DTYPES[dtype]
 
 
-class TritonAttentionBackend(AttentionBackend):
-    """Paged attention with Triton kernels; decodes and prefill chunks in one launch each.
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """How ``decode_kernel`` is launched: its tile and launch shape, and when it splits.
 
-    ``min_partition`` and ``target_programs`` steer split-K for decodes: a decode's context is
-    split into partitions of at least ``min_partition`` tokens only while the grid has fewer
-    than ``target_programs`` programs, so long contexts in small batches still fill the GPU.
+    A decode's context is split across programs (split-K) only while the grid has fewer than
+    ``target_programs`` programs, and never into splits of under ``min_partition`` positions,
+    so long contexts in small batches still fill the GPU. Measured by bench/gpu/decode_tune.py.
     """
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    min_partition: int = 512
+    target_programs: int = 512
+    max_splits: int = 32
+
+    def __post_init__(self) -> None:
+        if self.min_partition % self.block_n:
+            raise ValueError(f"min_partition must be a multiple of block_n ({self.block_n})")
+
+
+DEFAULT_DECODE = DecodeLaunch()
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """Paged attention with Triton kernels; decodes and prefill chunks in one launch each."""
 
     name = "triton"
 
-    def __init__(self, min_partition: int = 512, target_programs: int = 512, max_splits: int = 32) -> None:
-        self.decode_block_n = 64
-        if min_partition % self.decode_block_n:
-            raise ValueError(f"min_partition must be a multiple of {self.decode_block_n}")
-        self.min_partition = min_partition
-        self.target_programs = target_programs
-        self.max_splits = max_splits
+    def __init__(self, decode: DecodeLaunch | None = None) -> None:
+        self.decode = decode or DEFAULT_DECODE
 
     def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple:
         """Token-major blocks: a token's heads are one contiguous row, so ``write_kv`` stores
@@ -120,19 +135,18 @@ class TritonAttentionBackend(AttentionBackend):
 
     def _num_splits(self, num_decodes: int, num_kv_heads: int, max_len: int) -> int:
         """Split only while the grid is too small to fill the GPU, and never below min_partition."""
-        by_length = -(-max_len // self.min_partition)
-        by_occupancy = -(-self.target_programs // (num_decodes * num_kv_heads))
-        return max(1, min(by_length, by_occupancy, self.max_splits))
+        d = self.decode
+        by_length = -(-max_len // d.min_partition)
+        by_occupancy = -(-d.target_programs // (num_decodes * num_kv_heads))
+        return max(1, min(by_length, by_occupancy, d.max_splits))
 
     def _decode(self, query, k_cache, v_cache, meta: AttentionMetadata, qk_scale: float, out, window: int) -> None:
         nd = meta.num_decodes
         num_heads, head_dim = query.shape[1], query.shape[2]
         num_kv_heads = k_cache.shape[2]
         group = num_heads // num_kv_heads
-        block_n = self.decode_block_n
-        max_len = max(meta.seq_lens_host[:nd])
-        splits = self._num_splits(nd, num_kv_heads, max_len)
-        partition = max(block_n, -(-max_len // (splits * block_n)) * block_n) if splits > 1 else max(max_len, 1)
+        launch = self.decode
+        splits = self._num_splits(nd, num_kv_heads, max(meta.seq_lens_host[:nd]))
         if splits > 1:
             part_acc = torch.empty(nd, num_heads, splits, head_dim, dtype=torch.float32, device=query.device)
             part_ml = torch.empty(nd, num_heads, splits, 2, dtype=torch.float32, device=query.device)
@@ -142,12 +156,12 @@ class TritonAttentionBackend(AttentionBackend):
         kernel[(nd, num_kv_heads, splits)](
             query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
             out, part_acc, part_ml,
-            qk_scale, partition, window,
+            qk_scale, window,
             query.stride(0), query.stride(1), out.stride(0), out.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
             GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-            BLOCK_SIZE=meta.block_size, BLOCK_N=block_n, NUM_SPLITS=splits,
-            DOT_DTYPE=_dot_dtype(kernel, query.dtype), num_warps=4,
+            BLOCK_SIZE=meta.block_size, BLOCK_N=launch.block_n, NUM_SPLITS=splits,
+            DOT_DTYPE=_dot_dtype(kernel, query.dtype), num_warps=launch.num_warps, num_stages=launch.num_stages,
         )
         if splits > 1:
             _on_device(K.reduce_splits_kernel, query.device)[(nd, num_heads)](

@@ -46,14 +46,20 @@ def write_kv_kernel(
 def decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, part_acc_ptr, part_ml_ptr,
-    qk_scale, partition_size, window,
+    qk_scale, window,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
-    """Grid (decode, kv_head, split): the GROUP query heads sharing one KV head attend over one
-    partition of the context, so each KV tile is loaded once per group.
+    """Grid (decode, kv_head, split): the GROUP query heads sharing one KV head attend over
+    every NUM_SPLITS-th tile of BLOCK_N positions, starting at tile ``split``, so each KV tile is
+    loaded once per group.
+
+    Interleaved tiles rather than one contiguous partition per split: the splits share any
+    context length evenly, also inside a CUDA graph, whose split count is fixed at capture for
+    the longest possible context (contiguous partitions of 4,096 / splits positions left every
+    split but the first idle on contexts of a few hundred tokens).
 
     With NUM_SPLITS == 1 the program normalises and writes the output; otherwise it writes its
     unnormalised accumulator plus running max/sum for ``reduce_splits_kernel``. Only the last
@@ -74,12 +80,10 @@ def decode_kernel(
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     lo = tl.maximum(seq_len - window, 0)
-    end = tl.minimum(split * partition_size + partition_size, seq_len)
-    start = tl.maximum(split * partition_size, lo)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for n0 in range(start, end, BLOCK_N):
+    for n0 in range(lo + split * BLOCK_N, seq_len, NUM_SPLITS * BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
-        valid = pos < end
+        valid = pos < seq_len
         block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
         row = block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kvh * stride_ch
         k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
@@ -114,7 +118,7 @@ def reduce_splits_kernel(
     part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_oh,
     NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
-    """Grid (decode, head): merge the split partitions' softmax states into the final output."""
+    """Grid (decode, head): merge the splits' softmax states into the final output."""
     seq = tl.program_id(0)
     h = tl.program_id(1)
     num_heads = tl.num_programs(1)
@@ -126,7 +130,7 @@ def reduce_splits_kernel(
     l_part = tl.load(part_ml_ptr + base * 2 + 1, mask=s_mask, other=0.0)
     acc = tl.load(part_acc_ptr + base[:, None] * HEAD_DIM + d[None, :], mask=s_mask[:, None], other=0.0)
     m_max = tl.max(m, 0)
-    # Empty partitions (past the sequence end) carry m = -inf and weigh 0; split 0 is never empty
+    # Empty splits (a context of fewer tiles than splits) carry m = -inf and weigh 0; split 0 is never empty
     # unless seq_len is 0, which the where() keeps finite.
     w = tl.where(m > float("-inf"), tl.exp2(m - m_max), 0.0)
     denom = tl.sum(w * l_part, 0)

@@ -136,13 +136,21 @@ class CausalLM(nn.Module):
             x, residual = layer.forward(x, residual, positions, self.rotary_for(i), meta)
         return x, residual
 
+    # False (the CUDA model runner): logits stay in the LM head's dtype unless softcapped, and
+    # the sampler widens them only for rows that draw; a greedy step's argmax reads the bfloat16
+    # values, the same values float32 would hold, without a [rows, vocab] float32 copy.
+    float_logits = True
+
     def logits(self, x: torch.Tensor, residual: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
-        """float32 logits of the rows ``logits_indices`` picks (the final norm and the LM head)."""
+        """Logits of the rows ``logits_indices`` picks (the final norm and the LM head): float32,
+        or with ``float_logits`` off the LM head's dtype."""
         x, _ = self.norm.forward(x[logits_indices], residual[logits_indices])
-        logits = self.lm_head.forward(x).float()
+        logits = self.lm_head.forward(x)
         if self.final_logit_softcapping:
             cap = self.final_logit_softcapping
-            logits = torch.tanh(logits / cap) * cap
+            logits = torch.tanh(logits.float() / cap) * cap
+        elif self.float_logits:
+            logits = logits.float()
         return logits
 
     # ---- checkpoint ------------------------------------------------------------------

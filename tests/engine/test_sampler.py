@@ -28,6 +28,19 @@ def test_greedy_rows_take_the_argmax_beside_sampled_rows():
     assert out.dtype == torch.int64 and out.shape == (4,)
 
 
+def test_bfloat16_logits_sample_what_their_float32_widening_samples():
+    """The CUDA runner hands the sampler the LM head's bfloat16 logits: greedy rows take their
+    argmax there (ties to the first index, as in float32) and drawing rows are widened first."""
+    wide = torch.randn(6, 3000, generator=torch.Generator().manual_seed(2)).bfloat16().float()
+    wide[0, 7] = wide[0, 1900] = wide[0].max() + 1.0  # a tie: the first index wins in both
+    narrow = wide.bfloat16()
+    greedy = [seq(0, temperature=0.0) for _ in range(6)]
+    assert sample(narrow, greedy).tolist() == sample(wide, greedy).tolist()
+    assert sample(narrow, greedy)[0] == 7
+    mixed = [seq(1, temperature=0.0), seq(2), seq(3, top_k=40), seq(4, temperature=0.0), seq(5, top_p=0.8), seq(6)]
+    assert sample(narrow, mixed).tolist() == sample(wide, mixed).tolist()
+
+
 def test_a_row_draws_the_same_token_in_any_batch():
     """A draw is a function of (seed, position, distribution): it does not depend on the row's
     neighbours, its place in the batch, the batch size, or greedy rows beside it."""
@@ -154,6 +167,9 @@ def test_the_gpu_draws_what_the_cpu_draws():
     assert sample(logits.cuda(), seqs).cpu().tolist() == sample(logits, seqs).tolist()
     one = sample(logits[:1].cuda(), seqs[:1]).item()  # one row: another scan on the device
     assert one == sample(logits[:1], seqs[:1]).item()
+    narrow = logits.bfloat16()  # the CUDA runner's greedy steps: argmax of the LM head's bfloat16
+    assert sample(narrow.cuda(), seqs).cpu().tolist() == sample(narrow.float(), seqs).tolist()
+    assert sample(narrow.cuda(), seqs[-1:] * 64).cpu().tolist() == narrow.float().argmax(-1).tolist()
 
 
 def test_the_cpu_path_draws_what_the_vocabulary_wide_path_draws():

@@ -107,15 +107,18 @@ def test_torch_backend_step_honours_the_window(decode_kernel, window) -> None:
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one-split", "split-k"])
 @pytest.mark.parametrize("window", WINDOWS)
-def test_triton_kernels_honour_the_window(window) -> None:
+def test_triton_kernels_honour_the_window(window, split) -> None:
+    """split-k: the decodes' tiles start at the window's first position, interleaved over 3 splits."""
     pytest.importorskip("triton", reason="triton is not installed")
-    from engine.attention.triton_backend import TritonAttentionBackend, interpreted
+    from engine.attention.triton_backend import DecodeLaunch, TritonAttentionBackend, interpreted
     from engine.attention.triton_kernels import extend_kernel
 
     if not interpreted(extend_kernel):
         pytest.skip("triton was imported before TRITON_INTERPRET=1 (run with tests/conftest.py)")
-    backend = TritonAttentionBackend()
+    launch = DecodeLaunch(block_n=16, min_partition=16, target_programs=1 << 16, max_splits=3)
+    backend = TritonAttentionBackend(launch if split else None)
     meta, k_cache, v_cache, q, k, v = make_step(1, 2, 16, torch.float32, window, True)
     backend.write_kv(k, v, k_cache, v_cache, meta)
     got = backend.attend(q, k, v, k_cache, v_cache, meta, 0.25, window)

@@ -24,7 +24,7 @@ pytest.importorskip("triton", reason="triton is not installed")
 from engine.attention.backend import AttentionBackend  # noqa: E402
 from engine.attention.metadata import AttentionMetadata  # noqa: E402
 from engine.attention.torch_backend import TorchAttentionBackend  # noqa: E402
-from engine.attention.triton_backend import TritonAttentionBackend, interpreted  # noqa: E402
+from engine.attention.triton_backend import DecodeLaunch, TritonAttentionBackend, interpreted  # noqa: E402
 from engine.attention.triton_kernels import extend_kernel  # noqa: E402
 
 INTERPRETED = interpreted(extend_kernel)
@@ -201,8 +201,9 @@ def test_decode_matches_torch(dtype, num_kv_heads, group, head_dim) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_decode_split_k_matches_torch(dtype) -> None:
-    """Partitions of 64 tokens: 100- and 150-token contexts span 2-3 splits, short ones leave splits empty."""
-    backend = TritonAttentionBackend(min_partition=64, target_programs=1 << 16)
+    """Three splits of interleaved 64-token tiles: 100- and 150-token contexts span 2-3 splits,
+    short ones leave splits empty."""
+    backend = TritonAttentionBackend(DecodeLaunch(min_partition=64, target_programs=1 << 16))
     seqs = [(n - 1, 1) for n in [150, 1, 17, 64, 65, 100]]
     assert backend._num_splits(len(seqs), 1, 150) == 3
     check_step(seqs, len(seqs), dtype, 1, 3, 64, triton_backend=backend)
