@@ -109,8 +109,8 @@ class StubModel(torch.nn.Module):
         if ONE_HOT_LOGITS:  # every other token tied at zero: top-k keeps the whole vocabulary
             logits = torch.zeros(n, VOCAB)
         else:  # a fixed spread of logits, as a model's, with the greedy token well ahead
-            if self.noise is None or self.noise.shape[0] < n:
-                self.noise = torch.randn(max(n, 64), VOCAB, generator=torch.Generator().manual_seed(0)) * 2
+            if self.noise is None or self.noise.shape[0] < n:  # once: rows are the same at any size
+                self.noise = torch.randn(max(n, 2048), VOCAB, generator=torch.Generator().manual_seed(0)) * 2
             logits = self.noise[:n].clone()
         logits[torch.arange(n), (rows * 7 + positions[logits_indices] + 3) % VOCAB] += 6.0
         if self.sim is not None:

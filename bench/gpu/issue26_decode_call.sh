@@ -24,8 +24,8 @@ s, n = re.subn(r"^DEFAULT_DECODE = DecodeLaunch\(.*\)$", f"DEFAULT_DECODE = Deco
 assert n == 1; open(p, "w").write(s)
 PY
 grep -n "^DEFAULT_DECODE" engine/attention/triton_backend.py | tee "$OUT/default-decode.txt"
-[[ ${TESTS:-1} == 1 ]] && (cd tests && PYTHONPATH=$PWD/..:$PWD timeout "${TEST_TIMEOUT:-150}" python3 -m pytest --noconftest -q \
-  -p no:cacheprovider -n 8 engine/test_triton_cuda.py engine/test_sampler.py engine/test_cuda_model_zoo.py engine/test_fused_triton.py \
+[[ ${TESTS:-1} == 1 ]] && (cd tests && PYTHONPATH=$PWD/..:$PWD timeout "${TEST_TIMEOUT:-240}" python3 -m pytest --noconftest -q \
+  -p no:cacheprovider -n 12 engine/test_triton_cuda.py engine/test_sampler.py engine/test_cuda_model_zoo.py engine/test_fused_triton.py \
   --junitxml="$OUT/cuda-tests-junit.xml" -rf 2>&1 | tail -6)
 echo "tests done at $(( $(date +%s) - T0 )) s"
 PYTHONPATH=$PWD timeout "${AB_TIMEOUT:-200}" python3 bench/gpu/gpu_async.py --out "$OUT/gpu-async.json" --requests 1024 \

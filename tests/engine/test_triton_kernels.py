@@ -203,7 +203,7 @@ def test_decode_matches_torch(dtype, num_kv_heads, group, head_dim) -> None:
 def test_decode_split_k_matches_torch(dtype) -> None:
     """Three splits of interleaved 64-token tiles: 100- and 150-token contexts span 2-3 splits,
     short ones leave splits empty."""
-    backend = TritonAttentionBackend(DecodeLaunch(min_partition=64, target_programs=1 << 16))
+    backend = TritonAttentionBackend(DecodeLaunch(block_n=64, min_partition=64, target_programs=1 << 16))
     seqs = [(n - 1, 1) for n in [150, 1, 17, 64, 65, 100]]
     assert backend._num_splits(len(seqs), 1, 150) == 3
     check_step(seqs, len(seqs), dtype, 1, 3, 64, triton_backend=backend)
