@@ -450,24 +450,21 @@ def main() -> None:
     print("\nSUMMARY gpu_async")
     for name, e in rec.data["sections"].items():
         r = e.get("result") if e["ok"] else None
-        if isinstance(r, dict) and "before_over_after_median" in r:
+        if isinstance(r, dict) and "passes" in r:
             for p in r["passes"]:
-                print(f"  {name:16s} {p['engine']:6s} pair {p['pair']} {p['wall_s']:7.3f}s floor {p['fraction_of_floor']:.0%} "
+                label = p.get("engine") or f"async={p['async']!s:5s}"
+                print(f"  {name:16s} {label:11s} pair {p['pair']} {p['wall_s']:7.3f}s floor {p['fraction_of_floor']:.0%} "
                       f"graphs {p['graph_coverage']:.0%} host {p['host_ms_excluding_wait']} ms device {p['device_ms_per_step_mean']} ms "
                       f"wall {p['wall_ms_per_step']} ms busy {p['device_busy_fraction']}")
             for p in r["passes"][:2]:
-                print(f"  {name:16s} {p['engine']:6s} by kind {p.get('device_by_step_kind')}")
-            print(f"  {name:16s} before/after median {r['before_over_after_median']} per pair {r['before_over_after_per_pair']}"
-                  f"  after async=sync {r['after_async_vs_sync_identical']}/{r['compared_prompts']}"
-                  f"  before=after {r['before_vs_after_identical']}")
-        elif isinstance(r, dict) and "passes" in r:
-            for p in r["passes"]:
-                print(f"  {name:16s} pair {p['pair']} async={p['async']!s:5s} {p['wall_s']:7.3f}s "
-                      f"{p['output_tok_per_s']:8.0f} tok/s floor {p['fraction_of_floor']:.0%} graphs {p['graph_coverage']:.0%} "
-                      f"host {p['host_ms_excluding_wait']} ms device {p['device_ms_per_step_mean']} ms wall {p['wall_ms_per_step']} ms")
-            for p in r["passes"][:2]:
-                print(f"  {name:16s} async={p['async']!s:5s} by kind {p.get('device_by_step_kind')}")
-            print(f"  {name:16s} sync/async median {r['sync_over_async_median']}  identical {r['async_vs_sync_identical_prompts']}/{r['compared_prompts']}")
+                print(f"  {name:16s} {p.get('engine') or 'async=' + str(p['async']):11s} by kind {p.get('device_by_step_kind')}")
+            if "before_over_after_median" in r:
+                print(f"  {name:16s} before/after median {r['before_over_after_median']} per pair {r['before_over_after_per_pair']}"
+                      f"  after async=sync {r['after_async_vs_sync_identical']}/{r['compared_prompts']}"
+                      f"  before=after {r['before_vs_after_identical']}")
+            else:
+                print(f"  {name:16s} sync/async median {r['sync_over_async_median']}  "
+                      f"identical {r['async_vs_sync_identical_prompts']}/{r['compared_prompts']}")
         else:
             print(f"  {name:16s} {'ok' if e['ok'] else 'FAILED ' + e.get('error', '')[:160]} ({e['seconds']}s) {str(r)[:200] if r else ''}")
 
