@@ -40,7 +40,11 @@ PARTS = (  # (label, owner attribute on the engine or None for the engine itself
     ("sample", None, "_sample"),
     ("update", "scheduler", "update"),
     ("outputs", "output_processor", "build"),
+    # Work a GPU does on its device, timed where it runs here (inside the parts above or "other"):
+    ("model", "runner", "_forward"),  # the stub's logits
+    ("sampler", "runner", "sample_tokens"),  # argmax / draws (its host side: settings, seeds)
 )
+NESTED = ("model", "sampler")  # not subtracted again for "other"
 
 
 def build_model_dir(root: Path) -> Path:
@@ -225,7 +229,10 @@ def run_case(model_dir: Path, size: int, workload: str, sampling: str, steps: in
         "size": size, "workload": workload, "sampling": sampling, "steps": steps, "device_ms": device_ms,
         "async": async_mode, "wall_us_per_step": round(wall_us, 1),
         "wall_us_median": round(statistics.median(walls) * 1e6, 1),
-        "parts_us_per_step": us, "other_us_per_step": round(wall_us - sum(us.values()), 1),
+        "parts_us_per_step": us,
+        "other_us_per_step": round(wall_us - sum(v for k, v in us.items() if k not in NESTED), 1),
+        # what stays on the host when a GPU runs the model and the sampler's arithmetic
+        "host_us_excluding_model_and_sampler": round(wall_us - us["model"] - us["sampler"], 1),
         "mean_running": round(statistics.mean(running), 1),
         "device_busy_fraction": round((sim.busy_total - busy0) / sum(walls), 3) if sim else None,
     }
@@ -271,6 +278,7 @@ def main() -> None:
                         parts = " ".join(f"{k}={v:.0f}" for k, v in r["parts_us_per_step"].items())
                         print(f"{size:5d} {workload:6s} {sampling:6s} async={mode} wall={r['wall_us_per_step']:8.0f} us"
                               f"  {parts} other={r['other_us_per_step']:.0f}  running={r['mean_running']}"
+                              f"  host-without-model-and-sampler={r['host_us_excluding_model_and_sampler']:.0f}"
                               + (f" busy={r['device_busy_fraction']}" if r["device_busy_fraction"] else ""))
     result = {"bench": "host_overhead", "label": args.label, "command": " ".join(sys.argv), "system": info,
               "results": rows}
