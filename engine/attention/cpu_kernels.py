@@ -24,7 +24,7 @@ from engine import native
 SOURCE = Path(__file__).with_name("cpu_paged_decode.c")
 BODY = SOURCE.with_name("cpu_paged_decode_body.h")  # included by SOURCE once per instance
 # Both are part of the build cache key, with the bfloat16 conversions SOURCE includes.
-INCLUDES = (BODY, native.BF16_HEADER, native.AVX512_MATH_HEADER)
+INCLUDES = (BODY, native.BF16_HEADER, native.AVX512_MATH_HEADER, native.FAST_EXP_HEADER)
 # Contraction into FMAs is left on here (the kernel's sums need not match torch's rounding).
 FLAGS = [f for f in native.FLAGS if f != "-ffp-contract=off"]
 
@@ -65,7 +65,8 @@ NO_WINDOW = 1 << 40  # the prefill kernel's window for a layer without one: long
 def load_prefill() -> ctypes.CDLL | None:
     """The built prefill library (AVX-512, or AVX2 with FMA: None elsewhere, and where it cannot be built)."""
     lib = native.load("paged_prefill", PREFILL_SOURCE,
-                      (native.BF16_HEADER, native.AVX512_MATH_HEADER, native.AVX2_MATH_HEADER), FLAGS)
+                      (native.BF16_HEADER, native.AVX512_MATH_HEADER, native.AVX2_MATH_HEADER,
+                       native.FAST_EXP_HEADER), FLAGS)
     if lib is None or not hasattr(lib, "paged_prefill_f32"):
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64

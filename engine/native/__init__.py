@@ -79,6 +79,7 @@ FUSED_BODY = FUSED_SOURCE.with_name("fused_ops_body.h")
 BF16_HEADER = FUSED_SOURCE.with_name("bf16.h")  # the bfloat16 conversions every C kernel includes
 AVX512_MATH_HEADER = FUSED_SOURCE.with_name("avx512_math.h")  # vector exp and batched sum of the AVX-512 kernels
 AVX2_MATH_HEADER = FUSED_SOURCE.with_name("avx2_math.h")  # the vector exp of the AVX2 builds
+FAST_EXP_HEADER = FUSED_SOURCE.with_name("fast_exp.h")  # the exp arithmetic both math headers expand
 FUSED_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
@@ -130,7 +131,8 @@ FEW_ROWS_SOURCE = Path(__file__).with_name("few_rows.c")
 def few_rows() -> ctypes.CDLL | None:
     """``few_rows.c``: products of 1-8 rows with a weight read in place (AVX-512; float32 with AVX2 too)."""
     # contraction into FMAs left on: the sums need not match torch's rounding
-    lib = load("few_rows", FEW_ROWS_SOURCE, (AVX512_MATH_HEADER,), [f for f in FLAGS if f != "-ffp-contract=off"])
+    lib = load("few_rows", FEW_ROWS_SOURCE, (AVX512_MATH_HEADER, FAST_EXP_HEADER),
+               [f for f in FLAGS if f != "-ffp-contract=off"])
     if lib is None:
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64

@@ -2,23 +2,16 @@
  * cpu_paged_prefill.c, engine/native/few_rows.c). Include after <immintrin.h>, under __AVX512F__. */
 #ifndef TOKENMILL_AVX512_MATH_H
 #define TOKENMILL_AVX512_MATH_H
+#include "fast_exp.h"
+
 /* fast_exp on 16 lanes (the scalar loop over scores did not vectorize: gcc kept the floor and
- * the exponent bit trick scalar): the same steps, with 2^i applied by scalef. */
+ * the exponent bit trick scalar): 2^i applied by scalef. */
+#define FLOOR16(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)
 static inline __m512 fast_exp16(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.0f);
+    const __m512 lo = _mm512_set1_ps(FAST_EXP_MIN_INPUT);
     const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GT_OQ);
     x = _mm512_max_ps(x, lo);
-    const __m512 i = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                          _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_fnmadd_ps(i, _mm512_set1_ps(1.42860682030941723e-6f),
-                                      _mm512_fnmadd_ps(i, _mm512_set1_ps(0.693145751953125f), x));
-    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    FAST_EXP_REDUCE(_mm512, FLOOR16, x, i, p);
     return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, i));
 }
 
