@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_cases import chat_prompts
+from hf_reference_cache import cached_reference
 
 from engine import LLM, SamplingParams
 
@@ -45,7 +46,11 @@ def bf16_case(default_model_dir):
     from transformers import AutoTokenizer
 
     prompts = chat_prompts(AutoTokenizer.from_pretrained(default_model_dir))
-    return prompts, *hf_bf16_greedy(default_model_dir, prompts)
+    # the request test_model_zoo.py stores its families' bfloat16 references under (see hf_reference_cache)
+    request = {"kind": "bf16-greedy-top2-gaps", "max_new_tokens": NEW_TOKENS, "prompts": prompts}
+    refs, gaps = cached_reference(default_model_dir, request,
+                                  lambda: list(hf_bf16_greedy(default_model_dir, prompts)))
+    return prompts, refs, gaps
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False])
