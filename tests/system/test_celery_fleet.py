@@ -412,6 +412,10 @@ def test_broker_restart_mid_job_completes(own_redis, tmp_path_factory, tmp_path,
         "TOKENMILL_PRELOAD_ENGINE": json.dumps(tiny_engine(tiny_model_dir)),
     }
     run = uuid.uuid4().hex[:10]
+    # The shards the restart interrupted come back when their visibility timeout runs out, so the
+    # job ends that long after the restart: 15 s here, not the fleet default's 30 s (these shards,
+    # 120 rows of 24 tokens, take a few seconds; a redelivered committed shard is skipped anyway).
+    env["TOKENMILL_VISIBILITY_TIMEOUT"] = "15"
     fleet_env = _fleet_env(env["TOKENMILL_BROKER_URL"], f"tm-test-{run}", f"tm-test-{run}:", env)
     fleet = Fleet(fleet_env["TOKENMILL_BROKER_URL"], fleet_env["TOKENMILL_QUEUE"], {**os.environ, **fleet_env},
                   tmp_path_factory.mktemp(f"fleet-restart-{run}"), pool="threads")
