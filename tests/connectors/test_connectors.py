@@ -637,6 +637,7 @@ def _frozen_for(server: Any, seconds: float) -> threading.Timer:
     return timer
 
 
+# Freezes last 2 s, twice the read timeout: at least one attempt times out and is retried.
 HUNG_SERVER_OPTS = {"config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1, "read_timeout": 1}}
 
 
@@ -645,7 +646,7 @@ def test_s3_frozen_during_a_read_recovers(s3_server: Any, s3_bucket: str) -> Non
     opts = {**s3_server.storage_options, **HUNG_SERVER_OPTS}
     fsspec.filesystem("s3", skip_instance_cache=True, **opts).pipe(f"{s3_bucket}/a.jsonl", jsonl_bytes(docs(3)))
     (shard,) = list_shards(f"s3://{s3_bucket}/a.jsonl", storage_options=opts)
-    timer = _frozen_for(s3_server, 3.0)
+    timer = _frozen_for(s3_server, 2.0)
     try:
         records = [r for b in read_records(shard, text_field="text", storage_options=opts) for r in b]
     finally:
@@ -657,7 +658,7 @@ def test_s3_frozen_during_a_part_commit_recovers(s3_server: Any, s3_bucket: str)
     """The server stops answering while a part is committed: the commit is retried and lands whole."""
     opts = {**s3_server.storage_options, **HUNG_SERVER_OPTS}
     out = f"s3://{s3_bucket}/out"
-    timer = _frozen_for(s3_server, 3.0)
+    timer = _frozen_for(s3_server, 2.0)
     try:
         write_part(out, 4, _table(20), fingerprint="20:x@in", storage_options=opts)
     finally:

@@ -72,13 +72,13 @@ HUNG_SERVER_OPTS = {"config_kwargs": {"retries": {"max_attempts": 1}, "connect_t
 
 
 def test_server_frozen_during_a_commit_recovers(s3) -> None:
-    """The server stops answering (SIGSTOP) for 3 s while an object is committed (temporary
+    """The server stops answering (SIGSTOP) for 2 s while an object is committed (temporary
     write, copy, delete): retried with backoff, it lands whole and no temporary is left."""
     opts = {**s3.storage_options, **HUNG_SERVER_OPTS}
     url = f"s3://{s3.bucket}/out/report.txt"
     text = "".join(f"line {i}\n" for i in range(2000))
     s3.pause()
-    timer = threading.Timer(3.0, s3.resume)
+    timer = threading.Timer(2.0, s3.resume)
     timer.start()
     try:
         write_text(url, text, opts)
