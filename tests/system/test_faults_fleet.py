@@ -65,9 +65,9 @@ def rabbit_fleet(tmp_path_factory, tiny_model_dir, s3_env, pause_dir) -> Iterato
 
 @pytest.fixture(scope="module")
 def redis_fleet(tmp_path_factory, tiny_model_dir, s3_env) -> Iterator[Fleet]:
-    """Visibility timeout 20 s (shards here take a few seconds): a killed worker's shards come back after it."""
+    """Visibility timeout 12 s (shards here take 3-6 s on 2 cores): a killed worker's shards come back after it."""
     _require(6379, "Redis")
-    extra = {**s3_env, "TOKENMILL_VISIBILITY_TIMEOUT": "20"}
+    extra = {**s3_env, "TOKENMILL_VISIBILITY_TIMEOUT": "12"}
     yield from _make_fleet(REDIS_BROKER, tmp_path_factory, tiny_model_dir, extra, pool="threads")
 
 
@@ -189,7 +189,7 @@ def test_kill9_of_a_threads_worker_holding_two_shards_rabbitmq_s3(rabbit_fleet, 
 
 def test_kill9_of_a_threads_worker_holding_two_shards_redis_s3(redis_fleet, s3_server, s3_bucket,
                                                                 tiny_model_dir) -> None:
-    """Redis: both unacked shards come back after the visibility timeout (20 s here)."""
+    """Redis: both unacked shards come back after the visibility timeout (12 s here)."""
     _kill_a_worker_holding_two(redis_fleet, s3_server, s3_bucket, tiny_model_dir, "kill9-redis")
 
 
