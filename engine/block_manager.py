@@ -193,7 +193,8 @@ class BlockManager:
         if total <= len(table) * self.block_size:  # the common decode step: room in the last block
             if seq.num_registered_blocks < total // self.block_size:
                 self._register(seq, total)
-            self._release_out_of_window(seq)
+            if self.window is not None:
+                self._release_out_of_window(seq)
             return True
         need = self._target_blocks(seq, total) - len(table)
         if need > len(self.free_queue):

@@ -145,8 +145,10 @@ class Scheduler:
 
     @staticmethod
     def _ends_by_length(seq: Sequence, max_model_len: int) -> bool:
-        """The sequence stops for length once its pending token lands (known before it does)."""
-        return seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= max_model_len
+        """The sequence stops for length once its pending token lands (known before it does).
+        Lengths taken directly: this runs for every running sequence at every step."""
+        n = len(seq.token_ids)
+        return n - len(seq.prompt_token_ids) >= seq.params.max_tokens or n >= max_model_len
 
     def _admit(self, chosen: list[tuple[Sequence, int]], budget: int) -> None:
         """Move waiting sequences to running while the token budget, the batch size and the

@@ -40,6 +40,7 @@ class StopConditions:
             if cut is not None:
                 seq.stop_text_end = cut
                 return "stop"
-        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+        n = len(seq.token_ids)  # lengths taken directly: this runs for every sampled token
+        if n - len(seq.prompt_token_ids) >= p.max_tokens or n >= self.max_model_len:
             return "length"
         return None
