@@ -56,22 +56,23 @@ def build_step_inputs(
     ordered = decodes + [it for it in items if not (it.num_new_tokens == 1 and it.num_computed_tokens > 0)] \
         if len(decodes) < len(items) else decodes
     n, nd = len(ordered), len(decodes)
-    query_lens = [it.num_new_tokens for it in ordered]
-    context_lens = [it.num_computed_tokens for it in ordered]
-    seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
-    input_ids = [it.seq.token_ids[it.num_computed_tokens] for it in decodes]
-    for it in ordered[nd:]:
-        c = it.num_computed_tokens
-        input_ids.extend(it.seq.token_ids[c : c + it.num_new_tokens])
+    # One transpose in C instead of a Python pass per field (ScheduledSequence is a NamedTuple).
+    seqs, q_tuple, c_tuple, samples = zip(*ordered, strict=True)
+    query_lens, context_lens = list(q_tuple), list(c_tuple)
+    q_lens = np.array(query_lens, np.int64)
+    ctx = np.array(context_lens, np.int64)
+    seq_lens = (ctx + q_lens).tolist()
+    input_ids = [s.token_ids[c] for s, c in zip(seqs[:nd], context_lens[:nd], strict=True)]
+    for s, c, q in zip(seqs[nd:], context_lens[nd:], query_lens[nd:], strict=True):
+        input_ids.extend(s.token_ids[c : c + q])
     num_tokens = len(input_ids)
 
     fill_at: list[int] = []  # flat token rows holding a placeholder ...
     fill_from: list[int] = []  # ... and the row of previous_tokens that fills each
     if previous:
         flat = 0
-        for it, q in zip(ordered, query_lens, strict=True):
-            seq = it.seq
-            if seq.num_pending_tokens and it.num_computed_tokens + q == len(seq.token_ids):
+        for seq, c, q in zip(seqs, context_lens, query_lens, strict=True):
+            if seq.num_pending_tokens and c + q == len(seq.token_ids):
                 fill_at.append(flat + q - 1)
                 fill_from.append(previous[seq])
             flat += q
@@ -79,10 +80,7 @@ def build_step_inputs(
     # Host arithmetic in numpy: a list of ints becomes an array about ten times faster than a tensor.
     bs = block_size
     width = -(-max(seq_lens) // bs)
-    seqs = [it.seq for it in ordered]
     tables = table_rows.gather(table_rows.rows_for(seqs), width)
-    q_lens = np.array(query_lens, np.int64)
-    ctx = np.array(context_lens, np.int64)
     qsl = np.zeros(n + 1, np.int64)
     np.cumsum(q_lens, out=qsl[1:])
     if nd == n:
@@ -92,7 +90,7 @@ def build_step_inputs(
         positions = np.arange(num_tokens) - (qsl[:-1] - ctx)[seq_index]
         slot_mapping = tables[seq_index, positions // bs] * bs + positions % bs
 
-    sample_rows = [i for i, it in enumerate(ordered) if it.samples]
+    sample_rows = np.flatnonzero(samples).tolist()
     indices = (qsl[1:][sample_rows] - 1).tolist()
     prompt_rows = []
     for i, it in enumerate(ordered if batch.wants_prompt_logits else ()):
@@ -126,4 +124,5 @@ def build_step_inputs(
         seq_lens_host=seq_lens,
         context_lens_host=context_lens,
     )
-    return StepInputs(ids, pos, meta, idx_d, [ordered[i].seq for i in sample_rows], prompt_rows)
+    sample_seqs = list(seqs) if len(sample_rows) == n else [seqs[i] for i in sample_rows]
+    return StepInputs(ids, pos, meta, idx_d, sample_seqs, prompt_rows)
