@@ -94,15 +94,16 @@ class Scheduler:
         chosen: list[tuple[Sequence, int]] = []
         budget = self.max_num_batched_tokens
         bm = self.block_manager
-        max_len = self.stop.max_model_len
+        ends_by_length = self.stop.ends_by_length
 
         i = 0
         running = self.running
         while i < len(running) and budget > 0:
             seq = running[i]
             num_new = len(seq.token_ids) - seq.num_computed_tokens
-            if seq.num_pending_tokens and self._ends_by_length(seq, max_len):
-                self._drain(running.pop(i))  # no step past its end: its slot and blocks go now
+            # its pending token is its last (known before it lands): no step past its end
+            if seq.num_pending_tokens and ends_by_length(seq):
+                self._drain(running.pop(i))  # its slot and blocks go now
                 continue
             if num_new == 0:
                 i += 1
@@ -142,13 +143,6 @@ class Scheduler:
         if seq.num_preemptions:
             left = seq.num_tokens - 1 - computed
         return max(0, min(num_new, left))
-
-    @staticmethod
-    def _ends_by_length(seq: Sequence, max_model_len: int) -> bool:
-        """The sequence stops for length once its pending token lands (known before it does).
-        Lengths taken directly: this runs for every running sequence at every step."""
-        n = len(seq.token_ids)
-        return n - len(seq.prompt_token_ids) >= seq.params.max_tokens or n >= max_model_len
 
     def _admit(self, chosen: list[tuple[Sequence, int]], budget: int) -> None:
         """Move waiting sequences to running while the token budget, the batch size and the

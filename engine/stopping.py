@@ -40,7 +40,12 @@ class StopConditions:
             if cut is not None:
                 seq.stop_text_end = cut
                 return "stop"
-        n = len(seq.token_ids)  # lengths taken directly: this runs for every sampled token
-        if n - len(seq.prompt_token_ids) >= p.max_tokens or n >= self.max_model_len:
+        if self.ends_by_length(seq):
             return "length"
         return None
+
+    def ends_by_length(self, seq: Sequence) -> bool:
+        """The sequence has its ``max_tokens`` outputs or fills the model's context. Lengths are
+        taken directly: this runs for every running sequence at every step."""
+        n = len(seq.token_ids)
+        return n - len(seq.prompt_token_ids) >= seq.params.max_tokens or n >= self.max_model_len
