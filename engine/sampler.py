@@ -153,11 +153,10 @@ def draw(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Next token ids (int64, on the logits' device) for ``logits`` [N, vocab], one row per
     sequence that samples this step; greedy rows take the argmax. Logits in a 16-bit dtype are
-    widened to float32 only when a row draws: an argmax of exactly widened values is the same."""
+    widened to float32 only in the rows that draw: an argmax of exactly widened values is the same."""
     drawn = [i for i, s in enumerate(seqs) if not s.params.greedy]
     if not drawn:
         return logits.argmax(dim=-1)
-    logits = logits.float()
     n = len(drawn)
     params = [seqs[i].params for i in drawn]
     host = np.empty((n, 5), np.float32)  # uniform, temperature, top-p, top-k, row: one copy
@@ -169,7 +168,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     if logits.is_cuda:
         settings = settings.pin_memory().to(logits.device, non_blocking=True)
     rows = settings[:, 4].to(torch.int64)
-    picked = logits.index_select(0, rows) if n < len(seqs) else logits
+    picked = (logits.index_select(0, rows) if n < len(seqs) else logits).float()
     filters, k_max = _k_max(params)
     if logits.is_cuda or not filters:
         tokens = draw(_probs(picked, settings, filters, k_max), settings[:, 0])
