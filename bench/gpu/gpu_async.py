@@ -28,11 +28,13 @@ from common import LLAMA_1B, Recorder, build_model, device_meta  # noqa: E402
 from gpu_throughput import ceilings, floor_seconds, free  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
-from engine.attention.triton_backend import DecodeLaunch  # noqa: E402
+from engine.attention.triton_backend import DecodeLaunch, ExtendLaunch  # noqa: E402
 
 CUDA = torch.cuda.is_available()  # --small runs the script on a CPU, without device timings
-# The decode launch of the rounds before decode_tune.py (the kernel's splits are interleaved in both).
-BEFORE_LAUNCH = DecodeLaunch(block_n=64, num_warps=4, num_stages=3, min_partition=512, target_programs=512, max_splits=32)
+# "before" in --ab: the launches of the previous round (the decode launch tuned by decode_tune.py,
+# the extend launch before extend_tune.py); "after" takes this tree's defaults.
+BEFORE_LAUNCH = DecodeLaunch(block_n=128, num_warps=4, num_stages=4, min_partition=512, target_programs=2048, max_splits=16)
+BEFORE_EXTEND = ExtendLaunch(block_m=64, block_n=64, num_warps=4, num_stages=3, heads_per_program=1)
 
 
 class _NoEvent:
@@ -56,12 +58,29 @@ class Probe:
 
     def __init__(self, engine) -> None:
         self.engine = engine
-        self.host = dict.fromkeys(("schedule", "prepare", "forward_launch", "wait", "apply"), 0.0)
+        self.host = dict.fromkeys(("schedule", "prepare", "forward_launch", "sample_launch", "wait", "apply",
+                                   "outputs"), 0.0)
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.shapes: list[tuple[str, int, int, int]] = []  # per step: graph/mixed/eager, prefill tokens and seqs, seqs
+        self.step_host: list[tuple[int, float]] = []  # per engine.step: (forward passes so far, host seconds minus waits)
+        self._wait_in_step = 0.0
+        self.pass_start, self.pass_end = event(), event()
         self._wrap(engine.scheduler, "schedule", "schedule")
         self._wrap(engine.runner, "prepare", "prepare")
+        self._wrap(engine.runner, "sample_tokens", "sample_launch")
         self._wrap(engine, "_apply", "apply")
+        self._wrap(engine.output_processor, "build", "outputs")
+        step = engine.step
+
+        def timed_step():
+            self._wait_in_step = 0.0
+            t = time.perf_counter()
+            try:
+                return step()
+            finally:
+                self.step_host.append((len(self.events), time.perf_counter() - t - self._wait_in_step))
+
+        engine.step = timed_step
         runner = engine.runner
         forward = runner._forward
 
@@ -105,6 +124,7 @@ class Probe:
             t = time.perf_counter()
             tokens = step.wait()
             self.host["wait"] += time.perf_counter() - t
+            self._wait_in_step += time.perf_counter() - t
             step.wait = lambda: tokens
             return collect(step, finished)
 
@@ -112,6 +132,7 @@ class Probe:
             t = time.perf_counter()
             sync()
             self.host["wait"] += time.perf_counter() - t
+            self._wait_in_step += time.perf_counter() - t
             return sample(seqs, logits)
 
         eng._collect, eng._sample = timed_collect, timed_sample
@@ -120,6 +141,13 @@ class Probe:
         self.host = dict.fromkeys(self.host, 0.0)
         self.events = []
         self.shapes = []
+        self.step_host = []
+        self.pass_start = event()
+        self.pass_start.record()  # reset() comes just before a timed pass's generate()
+        self.pass_end = event()
+
+    def end_pass(self) -> None:
+        self.pass_end.record()
 
     def result(self, wall: float, steps: int) -> dict:
         sync()
@@ -131,7 +159,40 @@ class Probe:
                 "device_ms_per_step_mean": round(statistics.mean(device), 3) if device else None,
                 "device_ms_per_step_median": round(statistics.median(device), 3) if device else None,
                 "device_busy_fraction": round(sum(device) / 1e3 / wall, 3) if device else None,
-                "device_by_step_kind": by_kind(device, self.shapes)}
+                "device_by_step_kind": by_kind(device, self.shapes), "idle": self.idle(device, wall)}
+
+    def idle(self, device: list[float], wall: float) -> dict:
+        """Where the device waits: the gap between one forward pass's end and the next one's
+        start (CUDA events; the sampler, the token copy and the next inputs' copy run in it),
+        summed by the kind of the step that follows, beside the host's own time (waits left
+        out) in the engine steps that launched such steps; plus the head (pass start to the
+        first forward) and the tail (last forward's end to the pass's end)."""
+        if not CUDA or not self.events:
+            return {}
+        end = self.pass_end
+        sync()
+        gaps = [0.0] + [self.events[i - 1][1].elapsed_time(self.events[i][0]) for i in range(1, len(self.events))]
+        launched_by = {}  # forward pass index -> host seconds of the engine step that launched it
+        for count, host_s in self.step_host:
+            if count:
+                launched_by.setdefault(count - 1, host_s)
+        out: dict[str, dict] = {}
+        for i, (gap, shape) in enumerate(zip(gaps, self.shapes, strict=False)):
+            key = next(iter(by_kind([device[i]], [shape])))
+            g = out.setdefault(key, {"steps": 0, "gap_ms_total": 0.0, "gaps_over_0_2ms": 0, "host_ms_total": 0.0,
+                                     "device_ms_total": 0.0})
+            g["steps"] += 1
+            g["gap_ms_total"] += gap
+            g["gaps_over_0_2ms"] += gap > 0.2
+            g["host_ms_total"] += 1e3 * launched_by.get(i, 0.0)
+            g["device_ms_total"] += device[i]
+        for g in out.values():
+            for k in ("gap_ms_total", "host_ms_total", "device_ms_total"):
+                g[k] = round(g[k], 2)
+        head = self.pass_start.elapsed_time(self.events[0][0])
+        tail = self.events[-1][1].elapsed_time(end)
+        return {"by_kind": dict(sorted(out.items())), "head_ms": round(head, 2), "tail_ms": round(tail, 2),
+                "gaps_ms_total": round(sum(gaps), 2), "wall_ms": round(1e3 * wall, 2)}
 
 
 def by_kind(device: list[float], shapes: list[tuple[str, int, int, int]]) -> dict:
@@ -182,6 +243,7 @@ def run_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, c
             sync()
             t = time.perf_counter()
             outs = llm.generate(batch, params)
+            probe.end_pass()
             sync()
             wall = time.perf_counter() - t
             steps = eng.stats()["steps"] - steps0
@@ -220,20 +282,20 @@ def run_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, c
 
 
 def ab_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, ceil: dict) -> dict:
-    """Before/after in one process: an engine with the previous round's decode launch and float32
-    logits, and one with this tree's defaults, both alive; timed async passes alternate between
-    them (the order flips each pair), then one sync pass of "after" checks async = sync."""
-    from engine import model_runner
+    """Before/after in one process: an engine with the previous round's launches (BEFORE_LAUNCH,
+    BEFORE_EXTEND) and one with this tree's defaults, both alive; timed async passes alternate
+    between them (the order flips each pair), then one sync pass of "after" checks async = sync."""
     from engine.attention import triton_backend
 
-    default_launch = triton_backend.DEFAULT_DECODE
+    default_launch, default_extend = triton_backend.DEFAULT_DECODE, triton_backend.DEFAULT_EXTEND
     engines = {}
     try:
-        for name, launch, narrow, util in (("before", BEFORE_LAUNCH, False, 0.42), ("after", default_launch, True, 0.88)):
-            triton_backend.DEFAULT_DECODE, model_runner.ModelRunner.argmax_in_model_dtype = launch, narrow
+        for name, launch, extend, util in (("before", BEFORE_LAUNCH, BEFORE_EXTEND, 0.42),
+                                           ("after", default_launch, default_extend, 0.88)):
+            triton_backend.DEFAULT_DECODE, triton_backend.DEFAULT_EXTEND = launch, extend
             engines[name] = LLM(str(model_dir), **(settings | {"gpu_memory_utilization": util}))
     finally:
-        triton_backend.DEFAULT_DECODE, model_runner.ModelRunner.argmax_in_model_dtype = default_launch, True
+        triton_backend.DEFAULT_DECODE, triton_backend.DEFAULT_EXTEND = default_launch, default_extend
     vocab = engines["after"].engine.runner.model.config.vocab_size
     params = [SamplingParams(max_tokens=b, temperature=0, ignore_eos=True) for b in budgets]
     probes = {}
@@ -253,6 +315,7 @@ def ab_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, ce
             sync()
             t = time.perf_counter()
             outs = llm.generate(shifted(prompts, 10 + pair, vocab), params)
+            probe.end_pass()
             sync()
             wall = time.perf_counter() - t
             steps = eng.stats()["steps"] - steps0
@@ -277,8 +340,8 @@ def ab_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, ce
     sync_tokens = [o.token_ids for o in after.generate(shifted(prompts, 10, vocab), params)]
     ratios = [next(p["wall_s"] for p in passes if p["pair"] == k and p["engine"] == "before")
               / next(p["wall_s"] for p in passes if p["pair"] == k and p["engine"] == "after") for k in range(pairs)]
-    res = {"settings": settings, "before": {"decode_launch": BEFORE_LAUNCH.__dict__, "float32_logits": True},
-           "after": {"decode_launch": default_launch.__dict__, "float32_logits": False}, "passes": passes,
+    res = {"settings": settings, "before": {"decode_launch": BEFORE_LAUNCH.__dict__, "extend_launch": BEFORE_EXTEND.__dict__},
+           "after": {"decode_launch": default_launch.__dict__, "extend_launch": default_extend.__dict__}, "passes": passes,
            "before_over_after_per_pair": [round(r, 4) for r in ratios],
            "before_over_after_median": round(statistics.median(ratios), 4),
            "after_fraction_of_floor": [p["fraction_of_floor"] for p in passes if p["engine"] == "after"],

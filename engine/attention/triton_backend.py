@@ -84,13 +84,31 @@ class DecodeLaunch:
 DEFAULT_DECODE = DecodeLaunch()
 
 
+@dataclass(frozen=True)
+class ExtendLaunch:
+    """How ``extend_kernel`` is launched for 16-bit queries at head_dim up to 64 (the measured case):
+    query and key tiles, warps and pipeline stages. Other shapes keep 64-position tiles (32 in
+    float32), which fit shared memory at head_dim 128-256. Measured by bench/gpu/extend_tune.py."""
+
+    block_m: int = 64  # tile rows: tokens x query heads
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    heads_per_program: int = 1  # query heads of one GQA group sharing each KV tile (falls back to 1
+    # where it does not divide the group or block_m)
+
+
+DEFAULT_EXTEND = ExtendLaunch()
+
+
 class TritonAttentionBackend(AttentionBackend):
     """Paged attention with Triton kernels; decodes and prefill chunks in one launch each."""
 
     name = "triton"
 
-    def __init__(self, decode: DecodeLaunch | None = None) -> None:
+    def __init__(self, decode: DecodeLaunch | None = None, extend: ExtendLaunch | None = None) -> None:
         self.decode = decode or DEFAULT_DECODE
+        self.extend = extend or DEFAULT_EXTEND
 
     def kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple:
         """Token-major blocks: a token's heads are one contiguous row, so ``write_kv`` stores
@@ -176,18 +194,25 @@ class TritonAttentionBackend(AttentionBackend):
         nd = meta.num_decodes
         num_heads, head_dim = query.shape[1], query.shape[2]
         group = num_heads // k_cache.shape[2]
-        # fp32 tiles are twice the bytes: halve them to stay within shared memory at head_dim 128.
-        block_m = block_n = 32 if query.dtype == torch.float32 else 64
+        launch = self.extend
+        if query.element_size() != 2 or head_dim > 64:
+            # fp32 tiles are twice the bytes: halve them to stay within shared memory at head_dim 128.
+            tile = 32 if query.dtype == torch.float32 else 64
+            launch = ExtendLaunch(tile, tile, 4, 3)
+        block_m, block_n = launch.block_m, launch.block_n
+        qh = launch.heads_per_program
+        if group % qh or block_m % qh:
+            qh = 1
         max_q = max(meta.query_lens_host[nd:])
-        grid = (meta.num_seqs - nd, math.ceil(max_q / block_m), num_heads)
+        grid = (meta.num_seqs - nd, math.ceil(max_q * qh / block_m), num_heads // qh)
         kernel = _on_device(K.extend_kernel, query.device)
         kernel[grid](
             query, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, meta.context_lens,
             out, qk_scale, nd, window,
             query.stride(0), query.stride(1), out.stride(0), out.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
-            GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size, BLOCK_M=block_m, BLOCK_N=block_n,
-            DOT_DTYPE=_dot_dtype(kernel, query.dtype), num_warps=4,
+            GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size, BLOCK_M=block_m, BLOCK_N=block_n, QH=qh,
+            DOT_DTYPE=_dot_dtype(kernel, query.dtype), num_warps=launch.num_warps, num_stages=launch.num_stages,
         )
 
 

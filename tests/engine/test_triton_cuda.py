@@ -31,7 +31,7 @@ from test_triton_kernels import (  # noqa: E402
 )
 
 from engine.attention.torch_backend import TorchAttentionBackend  # noqa: E402
-from engine.attention.triton_backend import TritonAttentionBackend, interpreted  # noqa: E402
+from engine.attention.triton_backend import ExtendLaunch, TritonAttentionBackend, interpreted  # noqa: E402
 from engine.attention.triton_kernels import extend_kernel  # noqa: E402
 
 if interpreted(extend_kernel):
@@ -96,6 +96,15 @@ def test_decode_split_k_long_context(dtype, batch) -> None:
 def test_extend(dtype, num_kv_heads, group, head_dim) -> None:
     seqs = [(0, n) for n in (1, 15, 16, 17, 100, 513, 1500)] + [(5, 11), (21, 40), (33, 1), (16, 17), (700, 333)]
     check_cuda_step(seqs, 0, dtype, num_kv_heads, group, head_dim, seed=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("launch", [ExtendLaunch(128, 64, 4, 3, 4), ExtendLaunch(64, 32, 8, 2, 4),
+                                    ExtendLaunch(128, 128, 8, 3, 1)], ids=str)
+def test_extend_launches(dtype, launch) -> None:
+    """The launches bench/gpu/extend_tune.py tries, grouped heads included, on the job's shape."""
+    seqs = [(0, n) for n in (1, 15, 16, 17, 100, 513, 1500)] + [(32, 180), (21, 40), (33, 1), (700, 333)]
+    check_cuda_step(seqs, 0, dtype, 8, 4, 64, backend=TritonAttentionBackend(extend=launch), seed=4)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -24,7 +24,7 @@ pytest.importorskip("triton", reason="triton is not installed")
 from engine.attention.backend import AttentionBackend  # noqa: E402
 from engine.attention.metadata import AttentionMetadata  # noqa: E402
 from engine.attention.torch_backend import TorchAttentionBackend  # noqa: E402
-from engine.attention.triton_backend import DecodeLaunch, TritonAttentionBackend, interpreted  # noqa: E402
+from engine.attention.triton_backend import DecodeLaunch, ExtendLaunch, TritonAttentionBackend, interpreted  # noqa: E402
 from engine.attention.triton_kernels import extend_kernel  # noqa: E402
 
 INTERPRETED = interpreted(extend_kernel)
@@ -215,6 +215,16 @@ def test_extend_matches_torch(dtype, num_kv_heads, group, head_dim) -> None:
     """Fresh prefills of every length, plus chunks whose cached prefix ends mid-block."""
     seqs = [(0, n) for n in LENGTHS] + [(5, 11), (21, 40), (33, 1), (16, 17)]
     check_step(seqs, 0, dtype, num_kv_heads, group, head_dim)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("num_kv_heads,group", [(2, 4), (1, 2), (2, 3)])
+def test_extend_with_a_group_of_heads_per_program_matches_torch(dtype, num_kv_heads, group) -> None:
+    """Tiles of 8 tokens x 4 heads (x 2 heads for a group of 2); a group of 3, which 4 does not
+    divide, falls back to one head per program. Chunks cross tile and block edges."""
+    backend = TritonAttentionBackend(extend=ExtendLaunch(block_m=32, block_n=16, heads_per_program=4))
+    seqs = [(0, 1), (0, 9), (0, 33), (5, 11), (21, 40), (16, 17)]
+    check_step(seqs, 0, dtype, num_kv_heads, group, 64, triton_backend=backend, seed=group)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
