@@ -34,7 +34,7 @@ CUDA = torch.cuda.is_available()  # --small runs the script on a CPU, without de
 # "before" in --ab: the launches of the previous round (the decode launch tuned by decode_tune.py,
 # the extend launch before extend_tune.py); "after" takes this tree's defaults.
 BEFORE_LAUNCH = DecodeLaunch(block_n=128, num_warps=4, num_stages=4, min_partition=512, target_programs=2048, max_splits=16)
-BEFORE_EXTEND = ExtendLaunch(block_m=64, block_n=64, num_warps=4, num_stages=3, heads_per_program=1)
+BEFORE_EXTEND = ExtendLaunch(block_m=64, block_n=64, num_warps=4, num_stages=3)
 
 
 class _NoEvent:

@@ -90,12 +90,12 @@ class ExtendLaunch:
     query and key tiles, warps and pipeline stages. Other shapes keep 64-position tiles (32 in
     float32), which fit shared memory at head_dim 128-256. Measured by bench/gpu/extend_tune.py."""
 
-    block_m: int = 64  # tile rows: tokens x query heads
-    block_n: int = 64
+    # H100, the 1,024-request job's prefill steps (bench/published/gpu-extend-tune-h100-20261126.json):
+    # 32-position key tiles and 2 stages took 247 us where 64 and 3 took 285 (the three steps summed).
+    block_m: int = 64
+    block_n: int = 32
     num_warps: int = 4
-    num_stages: int = 3
-    heads_per_program: int = 1  # query heads of one GQA group sharing each KV tile (falls back to 1
-    # where it does not divide the group or block_m)
+    num_stages: int = 2
 
 
 DEFAULT_EXTEND = ExtendLaunch()
@@ -200,18 +200,15 @@ class TritonAttentionBackend(AttentionBackend):
             tile = 32 if query.dtype == torch.float32 else 64
             launch = ExtendLaunch(tile, tile, 4, 3)
         block_m, block_n = launch.block_m, launch.block_n
-        qh = launch.heads_per_program
-        if group % qh or block_m % qh:
-            qh = 1
         max_q = max(meta.query_lens_host[nd:])
-        grid = (meta.num_seqs - nd, math.ceil(max_q * qh / block_m), num_heads // qh)
+        grid = (meta.num_seqs - nd, math.ceil(max_q / block_m), num_heads)
         kernel = _on_device(K.extend_kernel, query.device)
         kernel[grid](
             query, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, meta.context_lens,
             out, qk_scale, nd, window,
             query.stride(0), query.stride(1), out.stride(0), out.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
-            GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size, BLOCK_M=block_m, BLOCK_N=block_n, QH=qh,
+            GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size, BLOCK_M=block_m, BLOCK_N=block_n,
             DOT_DTYPE=_dot_dtype(kernel, query.dtype), num_warps=launch.num_warps, num_stages=launch.num_stages,
         )
 

@@ -146,44 +146,39 @@ def extend_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QH: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
-    """Grid (sequence, query tile, head group): causal attention of up to BLOCK_M // QH new tokens
-    of QH query heads (one tile row per token and head) over the sequence's whole KV (cached
-    context and this step's tokens, all read from the pool). QH heads of one GQA group share each
-    loaded KV tile; QH == 1 is one head per program.
+    """Grid (sequence, query tile, head): causal attention of up to BLOCK_M new tokens over the
+    sequence's whole KV (cached context and this step's tokens, all read from the pool).
 
     Query row j sits at absolute position context_len + j and sees keys 0..context_len + j, or
     with a sliding window only the last ``window`` of them (the host passes a huge one for none).
     """
-    TOKENS: tl.constexpr = BLOCK_M // QH
     seq = first_seq + tl.program_id(0)
     tile = tl.program_id(1)
-    head0 = tl.program_id(2) * QH
+    h = tl.program_id(2)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    m0 = tile * TOKENS
+    m0 = tile * BLOCK_M
     if m0 >= q_len:
         return
     ctx = tl.load(context_lens_ptr + seq)
     seq_len = tl.load(seq_lens_ptr + seq)
-    kvh = head0 // GROUP
+    kvh = h // GROUP
 
-    r = tl.arange(0, BLOCK_M)
-    rows = m0 + r // QH  # the token of each tile row ...
-    h = head0 + r % QH  # ... and its query head
+    rows = m0 + tl.arange(0, BLOCK_M)
     row_mask = rows < q_len
     q_pos = ctx + tl.minimum(rows, q_len - 1)  # padding rows act as the last real one: never all masked
     d = tl.arange(0, HEAD_DIM)
     tok = (q_start + rows).to(tl.int64)
-    q_ptrs = q_ptr + tok[:, None] * stride_qt + h[:, None] * stride_qh + d[None, :]
+    q_ptrs = q_ptr + tok[:, None] * stride_qt + h * stride_qh + d[None, :]
     q = tl.load(q_ptrs, mask=row_mask[:, None], other=0.0).to(DOT_DTYPE)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    # The last real row of this tile sees keys up to ctx + min(m0 + TOKENS, q_len) - 1.
-    kv_end = tl.minimum(ctx + m0 + TOKENS, seq_len)
+    # The last real row of this tile sees keys up to ctx + min(m0 + BLOCK_M, q_len) - 1.
+    kv_end = tl.minimum(ctx + m0 + BLOCK_M, seq_len)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     # The tile's first row sees keys from ctx + m0 - window + 1: nothing before is read.
     for n0 in range(tl.maximum(ctx + m0 - window + 1, 0), kv_end, BLOCK_N):
@@ -207,5 +202,5 @@ def extend_kernel(
         m_i = m_new
 
     o = acc / l_i[:, None]
-    dst = out_ptr + tok[:, None] * stride_ot + h[:, None] * stride_oh + d[None, :]
+    dst = out_ptr + tok[:, None] * stride_ot + h * stride_oh + d[None, :]
     tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])

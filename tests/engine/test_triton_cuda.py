@@ -99,10 +99,9 @@ def test_extend(dtype, num_kv_heads, group, head_dim) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("launch", [ExtendLaunch(128, 64, 4, 3, 4), ExtendLaunch(64, 32, 8, 2, 4),
-                                    ExtendLaunch(128, 128, 8, 3, 1)], ids=str)
+@pytest.mark.parametrize("launch", [ExtendLaunch(64, 64, 4, 3), ExtendLaunch(128, 128, 8, 3)], ids=str)
 def test_extend_launches(dtype, launch) -> None:
-    """The launches bench/gpu/extend_tune.py tries, grouped heads included, on the job's shape."""
+    """Launches bench/gpu/extend_tune.py tries besides the default, on the job's shape."""
     seqs = [(0, n) for n in (1, 15, 16, 17, 100, 513, 1500)] + [(32, 180), (21, 40), (33, 1), (700, 333)]
     check_cuda_step(seqs, 0, dtype, 8, 4, 64, backend=TritonAttentionBackend(extend=launch), seed=4)
 

@@ -217,14 +217,12 @@ def test_extend_matches_torch(dtype, num_kv_heads, group, head_dim) -> None:
     check_step(seqs, 0, dtype, num_kv_heads, group, head_dim)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("num_kv_heads,group", [(2, 4), (1, 2), (2, 3)])
-def test_extend_with_a_group_of_heads_per_program_matches_torch(dtype, num_kv_heads, group) -> None:
-    """Tiles of 8 tokens x 4 heads (x 2 heads for a group of 2); a group of 3, which 4 does not
-    divide, falls back to one head per program. Chunks cross tile and block edges."""
-    backend = TritonAttentionBackend(extend=ExtendLaunch(block_m=32, block_n=16, heads_per_program=4))
+def test_extend_launches_match_torch() -> None:
+    """Other tiles than the default's: 32-row query tiles over 16-position key tiles, chunks
+    crossing tile and block edges."""
+    backend = TritonAttentionBackend(extend=ExtendLaunch(block_m=32, block_n=16, num_warps=4, num_stages=3))
     seqs = [(0, 1), (0, 9), (0, 33), (5, 11), (21, 40), (16, 17)]
-    check_step(seqs, 0, dtype, num_kv_heads, group, 64, triton_backend=backend, seed=group)
+    check_step(seqs, 0, torch.bfloat16, 2, 4, 64, triton_backend=backend, seed=2)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
