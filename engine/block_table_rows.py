@@ -30,11 +30,13 @@ class BlockTableRows:
     def rows_for(self, seqs: list[Sequence]) -> np.ndarray:
         """Each sequence's row, brought up to date."""
         n = len(seqs)
-        lens = np.fromiter((len(s.block_table) for s in seqs), np.int64, n)
-        rows = np.fromiter((s.table_row for s in seqs), np.int64, n)
+        # one pass over the sequences for the three numbers
+        state = np.fromiter(((len(s.block_table), s.table_row, s.block_table_version) for s in seqs),
+                            np.dtype((np.int64, 3)), n)
+        lens, versions = state[:, 0], state[:, 2]
+        rows = state[:, 1].copy()
         for i in np.flatnonzero(rows < 0).tolist():
             rows[i] = self._assign(seqs[i])
-        versions = np.fromiter((s.block_table_version for s in seqs), np.int64, n)
         rewrite = versions != self.version[rows]
         for i in np.flatnonzero(rewrite | (lens != self.synced[rows])).tolist():
             self._sync(seqs[i], int(rows[i]), bool(rewrite[i]))

@@ -22,7 +22,7 @@ from engine.request_intake import RequestError, RequestIntake, sampling_params
 from engine.request_state import RequestState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
-from engine.sequence import Sequence
+from engine.sequence import Sequence, SequenceStatus
 from engine.stats import EngineStats
 from engine.step_inputs import PLACEHOLDER
 from engine.stopping import StopConditions
@@ -72,6 +72,9 @@ class LLMEngine:
         self.requests: dict[str, RequestState] = {}
         self.async_scheduling = config.async_scheduling if config.async_scheduling is not None else device != "cpu"
         self._in_flight: InFlightStep | None = None  # the launched step whose tokens are not back yet
+        # requests whose steps need the host per token (grammar, logprobs, forks); while there are
+        # none, a step is overlappable without looking at its sequences (a stale id only costs that)
+        self._host_bound: set[str] = set()
         # Test hook: called with the sequences of every forward pass; raising simulates a fault.
         self.fault_injector = None
 
@@ -99,10 +102,13 @@ class LLMEngine:
         token_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         state = self.intake.new_request(request_id, token_ids, params)
         self.requests[request_id] = state
+        if params.structured_output is not None or params.logprobs is not None or params.n > 1:
+            self._host_bound.add(request_id)
         self.scheduler.add(state.seqs[0])
 
     def abort_request(self, request_id: str) -> None:
         state = self.requests.pop(request_id, None)
+        self._host_bound.discard(request_id)
         if state is not None:
             for seq in state.seqs:
                 if not seq.is_finished:
@@ -141,17 +147,18 @@ class LLMEngine:
         if not step.sample_seqs:
             return
         seqs, logits = self._fork(step.sample_seqs, step.logits)
-        self._apply(seqs, self._sample(seqs, logits), finished)
+        self._apply(dict(zip(seqs, self._sample(seqs, logits), strict=True)), finished)
 
-    def _apply(self, seqs: list[Sequence], tokens: list[int], finished: list[RequestOutput]) -> None:
+    def _apply(self, sampled: dict[Sequence, int], finished: list[RequestOutput]) -> None:
         """Hand a step's tokens to the scheduler; collect the requests that are now complete."""
-        self.stats_tracker.decode_tokens += len(tokens)
-        for seq in self.scheduler.update(dict(zip(seqs, tokens, strict=True))):
+        self.stats_tracker.decode_tokens += len(sampled)
+        for seq in self.scheduler.update(sampled):
             state = self.requests[seq.request_id]
             state.num_finished += 1
             if state.finished:
                 finished.append(self.output_processor.build(state))
                 del self.requests[seq.request_id]
+                self._host_bound.discard(seq.request_id)
 
     # ---- async scheduling -----------------------------------------------------------
     def _step_overlapped(self) -> list[RequestOutput]:
@@ -174,13 +181,15 @@ class LLMEngine:
         if previous is not None:
             self._collect(previous, finished)
         if launched is not None:
+            done = SequenceStatus.FINISHED  # (not the is_finished property: a thousand calls a step)
             for seq in launched.sample_seqs:
-                if not seq.is_finished:
+                if seq.status is not done:
                     seq.token_ids.append(PLACEHOLDER)
                     seq.num_pending_tokens = 1
             self._in_flight = launched
         elif batch:
             batch.items = [it for it in batch.items if not it.seq.is_finished]  # stopped at step t
+            batch.num_decodes = None
             if batch:
                 self._run_now(batch, finished)
         return finished
@@ -188,15 +197,15 @@ class LLMEngine:
     def _overlappable(self, batch: ScheduledBatch) -> bool:
         if self.fault_injector is not None or batch.wants_prompt_logits:
             return False
-        return all(
+        return not self._host_bound or all(
             it.seq.matcher is None and it.seq.logprobs is None and not it.seq.pending_forks for it in batch.items
         )
 
     def _collect(self, step: InFlightStep, finished: list[RequestOutput]) -> None:
         """Wait for a launched step's tokens and apply those of sequences still running."""
         tokens = step.wait()
-        live = [(s, t) for s, t in zip(step.sample_seqs, tokens, strict=True) if not s.is_finished]
-        self._apply([s for s, _ in live], [t for _, t in live], finished)
+        done = SequenceStatus.FINISHED
+        self._apply({s: t for s, t in zip(step.sample_seqs, tokens, strict=True) if s.status is not done}, finished)
 
     def drain(self) -> list[RequestOutput]:
         """Apply the step in flight, if any (async scheduling); returns what it finished."""
@@ -282,6 +291,7 @@ class LLMEngine:
     def _fail(self, seq: Sequence, error: Exception, finished: list[RequestOutput]) -> None:
         """Fail the whole request (all its samples) with the error."""
         state = self.requests.pop(seq.request_id)
+        self._host_bound.discard(seq.request_id)
         state.error = f"request {seq.request_id}: engine step failed: {type(error).__name__}: {error}"
         for s in state.seqs:
             if not s.is_finished:

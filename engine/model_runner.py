@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from engine.attention import AttentionBackend
@@ -18,7 +19,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.sampler import sample
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence
-from engine.step_inputs import StepInputs, build_step_inputs
+from engine.step_inputs import StepInputs, build_step_inputs, token_rows_by_table_row
 
 
 @dataclass
@@ -45,7 +46,7 @@ class InFlightStep:
     """A launched step whose tokens are still on their way back (async scheduling)."""
 
     sample_seqs: list[Sequence]
-    rows: dict[Sequence, int]  # sequence -> its row of ``tokens``
+    token_rows: np.ndarray  # per BlockTableRows row, its sequence's row of ``tokens`` (-1: none)
     tokens: torch.Tensor  # int64 token ids on the device, one per sampling sequence
     host: torch.Tensor  # their host copy (pinned on CUDA), valid once ``wait`` returns
     event: object | None  # marks the end of the step's device work (ModelRunner.record_event)
@@ -116,7 +117,7 @@ class ModelRunner:
         """The step's tensors on the device (placeholders filled from ``previous``'s tokens)."""
         if previous is None:
             return build_step_inputs(batch, self.block_size, self.device, self.table_rows)
-        return build_step_inputs(batch, self.block_size, self.device, self.table_rows, previous.rows,
+        return build_step_inputs(batch, self.block_size, self.device, self.table_rows, previous.token_rows,
                                  previous.tokens)
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
@@ -157,8 +158,8 @@ class ModelRunner:
         if tokens.is_cuda:
             host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
             host.copy_(tokens, non_blocking=True)
-        rows = {seq: i for i, seq in enumerate(inputs.sample_seqs)}
-        return InFlightStep(inputs.sample_seqs, rows, tokens, host, self.record_event())
+        token_rows = token_rows_by_table_row(inputs.sample_table_rows)
+        return InFlightStep(inputs.sample_seqs, token_rows, tokens, host, self.record_event())
 
     def sample_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """Token ids where the logits are (``engine.sampler``: the same draws on every device)."""

@@ -46,6 +46,9 @@ class ScheduledBatch:
     preempted: list[Sequence] = field(default_factory=list)
     wants_prompt_logits: bool = False  # some sequence asks for prompt logprobs in this chunk
     num_prompt_tokens: int = 0  # tokens of this step that (re)compute a prompt or a preempted output
+    # items[:num_decodes] are the single-token steps over a context (the scheduler puts them
+    # first); None: items in any order (the runner sorts them)
+    num_decodes: int | None = None
 
     @property
     def seqs(self) -> list[Sequence]:
@@ -83,6 +86,7 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
+        seq.max_total_tokens = self.stop.length_limit(seq)
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
@@ -91,18 +95,23 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         self.step_count += 1
         batch = ScheduledBatch(step=self.step_count)
-        chosen: list[tuple[Sequence, int]] = []
         budget = self.max_num_batched_tokens
-        bm = self.block_manager
-        ends_by_length = self.stop.ends_by_length
-
+        allocate_slots = self.block_manager.allocate_slots
+        make_item = tuple.__new__  # ScheduledSequence(...) without its Python-level __new__
+        # One pass over the running sequences builds their items: single-token steps of
+        # sequences with a context (decodes) in front, as the runner wants them, the rest after.
+        decodes: list[ScheduledSequence] = []
+        chunks: list[ScheduledSequence] = []
+        prompt_tokens = 0
         i = 0
         running = self.running
         while i < len(running) and budget > 0:
             seq = running[i]
-            num_new = len(seq.token_ids) - seq.num_computed_tokens
+            computed = seq.num_computed_tokens
+            num_tokens = len(seq.token_ids)
+            num_new = num_tokens - computed
             # its pending token is its last (known before it lands): no step past its end
-            if seq.num_pending_tokens and ends_by_length(seq):
+            if seq.num_pending_tokens and num_tokens >= seq.max_total_tokens:  # stop.ends_by_length
                 self._drain(running.pop(i))  # its slot and blocks go now
                 continue
             if num_new == 0:
@@ -110,29 +119,38 @@ class Scheduler:
                 continue
             if num_new > budget:
                 num_new = budget
-            while not bm.allocate_slots(seq, num_new):
-                victim = running.pop()
+            while not allocate_slots(seq, num_new):
+                victim = running.pop()  # never one already scheduled: those sit before i
                 self._preempt(victim)
                 batch.preempted.append(victim)
                 if victim is seq:
                     break
             else:
-                chosen.append((seq, num_new))
+                total = seq.num_computed_tokens = computed + num_new
+                item = make_item(ScheduledSequence, (seq, num_new, computed, total == num_tokens))
+                if num_new == 1 and computed:
+                    decodes.append(item)
+                else:
+                    chunks.append(item)
+                if num_new > 1 or computed < len(seq.prompt_token_ids) or seq.num_preemptions:
+                    prompt_tokens += self._prompt_tokens(seq, computed, num_new)
+                    if seq.needs_prompt_logits:
+                        batch.wants_prompt_logits = True
                 budget -= num_new
                 i += 1
 
         if not batch.preempted:
-            self._admit(chosen, budget)
-        items = batch.items
-        prompt_tokens = 0
-        for seq, num_new in chosen:
-            computed = seq.num_computed_tokens
-            total = seq.num_computed_tokens = computed + num_new
-            items.append(ScheduledSequence(seq, num_new, computed, total == len(seq.token_ids)))
-            if num_new > 1 or computed < len(seq.prompt_token_ids) or seq.num_preemptions:
+            admitted: list[tuple[Sequence, int]] = []
+            self._admit(admitted, budget)
+            for seq, num_new in admitted:
+                computed = seq.num_computed_tokens
+                total = seq.num_computed_tokens = computed + num_new
+                chunks.append(ScheduledSequence(seq, num_new, computed, total == len(seq.token_ids)))
                 prompt_tokens += self._prompt_tokens(seq, computed, num_new)
                 if seq.needs_prompt_logits:
                     batch.wants_prompt_logits = True
+        batch.items = decodes + chunks if chunks else decodes
+        batch.num_decodes = len(decodes)
         batch.num_prompt_tokens = prompt_tokens
         return batch
 
@@ -203,6 +221,7 @@ class Scheduler:
         """Run ``child`` alongside ``parent`` from the parent's computed prompt: it shares the
         parent's full blocks, and gets a fresh one for the partial block whose contents the
         caller copies (the returned ``(source, destination)``; None when nothing to copy)."""
+        child.max_total_tokens = self.stop.length_limit(child)
         pair = self.block_manager.fork(parent, child)
         child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
         child.first_scheduled_step = parent.first_scheduled_step

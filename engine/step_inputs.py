@@ -10,6 +10,7 @@ the step in flight, which is exactly the wait async scheduling removes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import compress
 
 import numpy as np
 import torch
@@ -32,6 +33,7 @@ class StepInputs:
     logits_indices: torch.Tensor  # flat rows the LM head runs on: sampling rows first, then prompt rows
     sample_seqs: list[Sequence] = field(default_factory=list)
     prompt_rows: list[tuple[Sequence, int, int]] = field(default_factory=list)  # (seq, first position, count)
+    sample_table_rows: np.ndarray = field(default_factory=lambda: _NONE)  # BlockTableRows row of each sample_seqs
 
 
 def prompt_logit_positions(seq: Sequence, computed: int, num_new: int) -> range:
@@ -44,43 +46,52 @@ def prompt_logit_positions(seq: Sequence, computed: int, num_new: int) -> range:
 
 def build_step_inputs(
     batch: ScheduledBatch, block_size: int, device: torch.device, table_rows: BlockTableRows,
-    previous: dict[Sequence, int] | None = None, previous_tokens: torch.Tensor | None = None,
+    previous: np.ndarray | None = None, previous_tokens: torch.Tensor | None = None,
 ) -> StepInputs:
     """The step's tensors on ``device``. Decodes go first so backends can batch them; block
     tables come from the runner's persistent ``table_rows``.
 
-    ``previous`` maps each sequence that sampled in the step still in flight to its row of
-    ``previous_tokens`` (on the device): a placeholder fed this step is filled from there."""
-    items = batch.items
-    decodes = [it for it in items if it.num_new_tokens == 1 and it.num_computed_tokens > 0]
-    ordered = decodes + [it for it in items if not (it.num_new_tokens == 1 and it.num_computed_tokens > 0)] \
-        if len(decodes) < len(items) else decodes
-    n, nd = len(ordered), len(decodes)
+    ``previous`` gives, per ``table_rows`` row, the row of ``previous_tokens`` (on the device)
+    that the step still in flight sampled for that row's sequence (-1: none): a placeholder fed
+    this step is filled from there."""
+    ordered, nd = batch.items, batch.num_decodes
+    if nd is None:  # not built by the scheduler: put the decodes first here
+        decodes = [it for it in ordered if it.num_new_tokens == 1 and it.num_computed_tokens > 0]
+        ordered = decodes + [it for it in ordered if not (it.num_new_tokens == 1 and it.num_computed_tokens > 0)]
+        nd = len(decodes)
+    n = len(ordered)
     # One transpose in C instead of a Python pass per field (ScheduledSequence is a NamedTuple).
     seqs, q_tuple, c_tuple, samples = zip(*ordered, strict=True)
     query_lens, context_lens = list(q_tuple), list(c_tuple)
     q_lens = np.array(query_lens, np.int64)
     ctx = np.array(context_lens, np.int64)
     seq_lens = (ctx + q_lens).tolist()
-    input_ids = [s.token_ids[c] for s, c in zip(seqs[:nd], context_lens[:nd], strict=True)]
-    for s, c, q in zip(seqs[nd:], context_lens[nd:], query_lens[nd:], strict=True):
-        input_ids.extend(s.token_ids[c : c + q])
-    num_tokens = len(input_ids)
+    rows = table_rows.rows_for(seqs)
 
-    fill_at: list[int] = []  # flat token rows holding a placeholder ...
-    fill_from: list[int] = []  # ... and the row of previous_tokens that fills each
-    if previous:
-        flat = 0
-        for seq, c, q in zip(seqs, context_lens, query_lens, strict=True):
-            if seq.num_pending_tokens and c + q == len(seq.token_ids):
-                fill_at.append(flat + q - 1)
-                fill_from.append(previous[seq])
-            flat += q
+    fill_at = fill_from = _NONE
+    if previous is None:
+        decode_ids = [s.token_ids[c] for s, c in zip(seqs[:nd], context_lens[:nd], strict=True)]
+    else:
+        # A decode whose input is its placeholder (its token of the step in flight) reads it from
+        # that step's tokens; a prompt chunk never carries one (it has not sampled yet). Only the
+        # other decodes' inputs are read on the host.
+        pending = np.fromiter((s.num_pending_tokens for s in seqs[:nd]), np.int64, nd)
+        fill_at = np.flatnonzero(pending)
+        fill_from = _lookup(previous, rows[fill_at])
+        if (fill_from < 0).any():
+            raise RuntimeError("a placeholder's sequence did not sample in the step in flight")
+        decode_ids = np.full(nd, PLACEHOLDER, np.int64)
+        for i in np.flatnonzero(pending == 0).tolist():
+            decode_ids[i] = seqs[i].token_ids[context_lens[i]]
+    chunk_ids: list[int] = []
+    for s, c, q in zip(seqs[nd:], context_lens[nd:], query_lens[nd:], strict=True):
+        chunk_ids.extend(s.token_ids[c : c + q])
+    num_tokens = nd + len(chunk_ids)
 
     # Host arithmetic in numpy: a list of ints becomes an array about ten times faster than a tensor.
     bs = block_size
     width = -(-max(seq_lens) // bs)
-    tables = table_rows.gather(table_rows.rows_for(seqs), width)
+    tables = table_rows.gather(rows, width)
     qsl = np.zeros(n + 1, np.int64)
     np.cumsum(q_lens, out=qsl[1:])
     if nd == n:
@@ -101,14 +112,14 @@ def build_step_inputs(
             indices.extend(range(start + wanted.start, start + wanted.stop))
             prompt_rows.append((it.seq, wanted.start, len(wanted)))
 
-    parts = [np.array(input_ids, np.int64), positions, slot_mapping, qsl, ctx + q_lens, ctx, tables.reshape(-1),
-             np.array(indices, np.int64), np.array(fill_at, np.int64), np.array(fill_from, np.int64)]
+    parts = [np.array(decode_ids, np.int64), np.array(chunk_ids, np.int64), positions, slot_mapping, qsl, ctx + q_lens, ctx, tables.reshape(-1),
+             np.array(indices, np.int64), fill_at, fill_from]
     sizes = [len(p) for p in parts]
     packed = torch.from_numpy(np.concatenate(parts))
     if device.type == "cuda":
         packed = packed.pin_memory().to(device, non_blocking=True)
-    ids, pos, slots, qsl_d, lens_d, ctx_d, tables_d, idx_d, at_d, from_d = packed.split(sizes)
-    if fill_at:
+    ids, pos, slots, qsl_d, lens_d, ctx_d, tables_d, idx_d, at_d, from_d = packed.split([sizes[0] + sizes[1], *sizes[2:]])
+    if len(fill_at):
         ids = ids.index_copy(0, at_d, previous_tokens.index_select(0, from_d).to(torch.int64))
     meta = AttentionMetadata(
         query_start_loc=qsl_d.to(torch.int32),
@@ -124,5 +135,26 @@ def build_step_inputs(
         seq_lens_host=seq_lens,
         context_lens_host=context_lens,
     )
-    sample_seqs = list(seqs) if len(sample_rows) == n else [seqs[i] for i in sample_rows]
-    return StepInputs(ids, pos, meta, idx_d, sample_seqs, prompt_rows)
+    if len(sample_rows) == n:
+        sample_seqs, sample_table_rows = list(seqs), rows
+    else:
+        sample_seqs, sample_table_rows = list(compress(seqs, samples)), rows[sample_rows]
+    return StepInputs(ids, pos, meta, idx_d, sample_seqs, prompt_rows, sample_table_rows)
+
+
+_NONE = np.zeros(0, np.int64)
+
+
+def _lookup(previous: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``previous[rows]``, -1 past its end (a row the step in flight had not reached)."""
+    out = np.full(len(rows), -1, np.int64)
+    inside = rows < len(previous)
+    out[inside] = previous[rows[inside]]
+    return out
+
+
+def token_rows_by_table_row(sample_table_rows: np.ndarray) -> np.ndarray:
+    """Per table row, the row of a step's sampled tokens that belongs to it (-1: none)."""
+    out = np.full(int(sample_table_rows.max()) + 1 if len(sample_table_rows) else 0, -1, np.int64)
+    out[sample_table_rows] = np.arange(len(sample_table_rows))
+    return out

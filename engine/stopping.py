@@ -23,7 +23,8 @@ class StopConditions:
 
     def finish_reason(self, seq: Sequence, token: int) -> str | None:
         """Why the sequence stops after ``token`` (already appended), or None. A grammar that is
-        complete stops it too."""
+        complete stops it too. Runs for every sampled token: the common case (no grammar, no
+        stop strings) is a few attribute reads."""
         p = seq.params
         if seq.matcher is not None:
             if not seq.matcher.accept_token(token):
@@ -31,21 +32,25 @@ class StopConditions:
                 return "stop"
             if seq.matcher.is_terminated():
                 return "stop"
-        if not p.ignore_eos and token in self.eos_token_ids:
+        if token in self.eos_token_ids and not p.ignore_eos:
             return "stop"
-        if token in p.stop_token_ids:
+        if p.stop_token_ids and token in p.stop_token_ids:
             return "stop"
         if p.stop and self.find_stop_string is not None:
             cut = self.find_stop_string(seq)
             if cut is not None:
                 seq.stop_text_end = cut
                 return "stop"
-        if self.ends_by_length(seq):
+        if len(seq.token_ids) >= seq.max_total_tokens:  # ends_by_length, without the call
             return "length"
         return None
 
+    def length_limit(self, seq: Sequence) -> int:
+        """How many tokens (prompt and outputs) the sequence may reach: its ``max_tokens``
+        outputs, or the model's context. The scheduler stores it as ``seq.max_total_tokens``
+        when the sequence arrives."""
+        return min(len(seq.prompt_token_ids) + seq.params.max_tokens, self.max_model_len)
+
     def ends_by_length(self, seq: Sequence) -> bool:
-        """The sequence has its ``max_tokens`` outputs or fills the model's context. Lengths are
-        taken directly: this runs for every running sequence at every step."""
-        n = len(seq.token_ids)
-        return n - len(seq.prompt_token_ids) >= seq.params.max_tokens or n >= self.max_model_len
+        """The sequence has reached its length limit (``length_limit``, stored on it)."""
+        return len(seq.token_ids) >= seq.max_total_tokens
