@@ -28,13 +28,18 @@ from common import LLAMA_1B, Recorder, build_model, device_meta  # noqa: E402
 from gpu_throughput import ceilings, floor_seconds, free  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
-from engine.attention.triton_backend import DecodeLaunch, ExtendLaunch  # noqa: E402
+from engine.attention.triton_backend import DecodeLaunch  # noqa: E402
+
+try:  # --timed also runs trees from before ExtendLaunch
+    from engine.attention.triton_backend import ExtendLaunch  # noqa: E402
+except ImportError:
+    ExtendLaunch = None
 
 CUDA = torch.cuda.is_available()  # --small runs the script on a CPU, without device timings
 # "before" in --ab: the launches of the previous round (the decode launch tuned by decode_tune.py,
 # the extend launch before extend_tune.py); "after" takes this tree's defaults.
 BEFORE_LAUNCH = DecodeLaunch(block_n=128, num_warps=4, num_stages=4, min_partition=512, target_programs=2048, max_splits=16)
-BEFORE_EXTEND = ExtendLaunch(block_m=64, block_n=64, num_warps=4, num_stages=3)
+BEFORE_EXTEND = ExtendLaunch(block_m=64, block_n=64, num_warps=4, num_stages=3) if ExtendLaunch else None
 
 
 class _NoEvent:
@@ -353,6 +358,54 @@ def ab_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, ce
     return res
 
 
+def timed_passes(model_dir: Path, prompts, budgets, settings: dict, passes: int, ceil: dict) -> dict:
+    """One async engine of this tree: an untimed pass, then ``passes`` timed ones with the probe.
+    bench/gpu/issue26_host_call.sh runs it from two trees in alternating processes."""
+    llm = LLM(str(model_dir), **(settings | {"async_scheduling": True}))
+    eng = llm.engine
+    vocab = eng.runner.model.config.vocab_size
+    params = [SamplingParams(max_tokens=b, temperature=0, ignore_eos=True) for b in budgets]
+    llm.generate(shifted(prompts, 1, vocab), params)  # compiles
+    probe = Probe(eng)
+    graphs, mixed = eng.runner.decode_graphs, eng.runner.mixed_graphs
+    out = []
+    for k in range(passes):
+        probe.reset()
+        steps0, graph0, mixed0 = eng.stats()["steps"], graphs.steps if graphs else 0, mixed.steps if mixed else 0
+        eng.block_manager.reset_prefix_cache()
+        sync()
+        t = time.perf_counter()
+        outs = llm.generate(shifted(prompts, 10 + k, vocab), params)
+        probe.end_pass()
+        sync()
+        wall = time.perf_counter() - t
+        steps = eng.stats()["steps"] - steps0
+        cfg = eng.runner.model.config
+        floor = floor_seconds(prompts, budgets, steps, sum(p.numel() for p in eng.runner.model.parameters()),
+                              2 * cfg.num_hidden_layers * cfg.num_key_value_heads * eng.runner.model.head_dim * 2, ceil)
+        rec = {"pass": k, "wall_s": round(wall, 4), "floor_s": round(floor["floor_s"], 4),
+               "fraction_of_floor": round(floor["floor_s"] / wall, 4), "errors": sum(o.error is not None for o in outs),
+               "output_tokens": sum(len(o.token_ids) for o in outs), "expected_output_tokens": sum(budgets),
+               "graph_coverage": round(((graphs.steps - graph0 if graphs else 0)
+                                        + (mixed.steps - mixed0 if mixed else 0)) / max(steps, 1), 4)}
+        rec |= probe.result(wall, steps)
+        out.append(rec)
+        if k == 0:
+            tokens0 = [o.token_ids for o in outs]
+        print(f"  timed pass {k}: {wall:.3f}s floor {rec['fraction_of_floor']:.0%} steps {steps} "
+              f"host {rec['host_ms_excluding_wait']} ms device {rec['device_ms_per_step_mean']} ms "
+              f"busy {rec['device_busy_fraction']} idle {rec.get('idle', {}).get('gaps_ms_total')} ms "
+              f"head {rec.get('idle', {}).get('head_ms')} ms", flush=True)
+    eng.async_scheduling = False  # the same prompts as pass 0, synchronously: greedy tokens must agree
+    eng.block_manager.reset_prefix_cache()
+    sync_tokens = [o.token_ids for o in llm.generate(shifted(prompts, 10, vocab), params)]
+    same = sum(a == b for a, b in zip(tokens0, sync_tokens, strict=True))
+    print(f"  async = sync for {same}/{len(prompts)} prompts", flush=True)
+    del llm, eng, probe
+    free()
+    return {"settings": settings, "passes": out, "async_vs_sync_identical": same, "compared_prompts": len(prompts)}
+
+
 def profile_pass(model_dir: Path, prompts, budgets, settings: dict, out: Path) -> dict:
     """torch.profiler over one async pass: device time per kernel (table written to ``out``)."""
     from torch.profiler import ProfilerActivity, profile
@@ -462,6 +515,8 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="a tiny model (to try the script on a CPU)")
     ap.add_argument("--ab", nargs="*", default=[], metavar="REQUESTS:SEQS:TOKENS",
                     help="before/after A/B runs (ab_setting) in place of the sections; e.g. 1024:1024:8192 256:512:8192")
+    ap.add_argument("--timed", default=None, metavar="REQUESTS:SEQS:TOKENS",
+                    help="only timed_passes (async, this tree) for --pairs passes, in place of the sections")
     args = ap.parse_args()
     rec = Recorder(args.out, device_meta() | {"script": "bench/gpu/gpu_async.py", "argv": sys.argv[1:]})
     wl = json.loads(args.workload.read_text())
@@ -472,6 +527,13 @@ def main() -> None:
     ceil = (rec.run("ceilings", ceilings) if CUDA else None) or {"copy_tb_per_s": 4.3, "bf16_matmul_tflops": 790.0}
     base = dict(dtype="bfloat16", max_model_len=4096)
     tuned = base | dict(max_num_seqs=512, max_num_batched_tokens=8192)
+    if args.timed:
+        n, seqs, tokens = (int(x) for x in args.timed.split(":"))
+        settings = base | dict(max_num_seqs=seqs, max_num_batched_tokens=tokens)
+        rec.run(f"timed-{seqs}-{tokens}/{n}", lambda: timed_passes(
+            model_dir, wl["prompts"][:n], wl["max_tokens"][:n], settings, args.pairs, ceil))
+        rec.path.write_text(json.dumps(rec.data, indent=1, default=str))
+        return
     for spec in args.ab:
         n, seqs, tokens = (int(x) for x in spec.split(":"))
         settings = base | dict(max_num_seqs=seqs, max_num_batched_tokens=tokens)
