@@ -286,19 +286,22 @@ def run_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, c
     return res | {"_tokens_pair0": ref}
 
 
-def ab_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, ceil: dict) -> dict:
+def ab_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, ceil: dict,
+               after_extra: dict | None = None) -> dict:
     """Before/after in one process: an engine with the previous round's launches (BEFORE_LAUNCH,
     BEFORE_EXTEND) and one with this tree's defaults, both alive; timed async passes alternate
     between them (the order flips each pair), then one sync pass of "after" checks async = sync."""
     from engine.attention import triton_backend
 
     default_launch, default_extend = triton_backend.DEFAULT_DECODE, triton_backend.DEFAULT_EXTEND
+    # with after_extra (engine settings of "after" only), both engines take this tree's launches
+    before_launches = (BEFORE_LAUNCH, BEFORE_EXTEND) if after_extra is None else (default_launch, default_extend)
     engines = {}
     try:
-        for name, launch, extend, util in (("before", BEFORE_LAUNCH, BEFORE_EXTEND, 0.42),
-                                           ("after", default_launch, default_extend, 0.88)):
+        for name, (launch, extend), extra, util in (("before", before_launches, {}, 0.42),
+                                                    ("after", (default_launch, default_extend), after_extra or {}, 0.88)):
             triton_backend.DEFAULT_DECODE, triton_backend.DEFAULT_EXTEND = launch, extend
-            engines[name] = LLM(str(model_dir), **(settings | {"gpu_memory_utilization": util}))
+            engines[name] = LLM(str(model_dir), **(settings | extra | {"gpu_memory_utilization": util}))
     finally:
         triton_backend.DEFAULT_DECODE, triton_backend.DEFAULT_EXTEND = default_launch, default_extend
     vocab = engines["after"].engine.runner.model.config.vocab_size
@@ -345,8 +348,9 @@ def ab_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, ce
     sync_tokens = [o.token_ids for o in after.generate(shifted(prompts, 10, vocab), params)]
     ratios = [next(p["wall_s"] for p in passes if p["pair"] == k and p["engine"] == "before")
               / next(p["wall_s"] for p in passes if p["pair"] == k and p["engine"] == "after") for k in range(pairs)]
-    res = {"settings": settings, "before": {"decode_launch": BEFORE_LAUNCH.__dict__, "extend_launch": BEFORE_EXTEND.__dict__},
-           "after": {"decode_launch": default_launch.__dict__, "extend_launch": default_extend.__dict__}, "passes": passes,
+    res = {"settings": settings, "before": {"decode_launch": before_launches[0].__dict__, "extend_launch": before_launches[1].__dict__},
+           "after": {"decode_launch": default_launch.__dict__, "extend_launch": default_extend.__dict__,
+                     "settings": after_extra or {}}, "passes": passes,
            "before_over_after_per_pair": [round(r, 4) for r in ratios],
            "before_over_after_median": round(statistics.median(ratios), 4),
            "after_fraction_of_floor": [p["fraction_of_floor"] for p in passes if p["engine"] == "after"],
@@ -515,6 +519,8 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="a tiny model (to try the script on a CPU)")
     ap.add_argument("--ab", nargs="*", default=[], metavar="REQUESTS:SEQS:TOKENS",
                     help="before/after A/B runs (ab_setting) in place of the sections; e.g. 1024:1024:8192 256:512:8192")
+    ap.add_argument("--after-config", nargs="*", default=[], metavar="KEY=INT",
+                    help="--ab: engine settings of the after engine only (both then take this tree's launches)")
     ap.add_argument("--timed", default=None, metavar="REQUESTS:SEQS:TOKENS",
                     help="only timed_passes (async, this tree) for --pairs passes, in place of the sections")
     args = ap.parse_args()
@@ -537,8 +543,9 @@ def main() -> None:
     for spec in args.ab:
         n, seqs, tokens = (int(x) for x in spec.split(":"))
         settings = base | dict(max_num_seqs=seqs, max_num_batched_tokens=tokens)
-        rec.run(f"ab-{seqs}-{tokens}/{n}", lambda s=settings, n=n: ab_setting(
-            model_dir, wl["prompts"][:n], wl["max_tokens"][:n], s, args.pairs, ceil))
+        extra = {k: int(v) for k, v in (kv.split("=") for kv in args.after_config)} or None
+        rec.run(f"ab-{seqs}-{tokens}/{n}", lambda s=settings, n=n, e=extra: ab_setting(
+            model_dir, wl["prompts"][:n], wl["max_tokens"][:n], s, args.pairs, ceil, e))
         free()
     for n in (args.requests if not args.ab else []):
         prompts, budgets = wl["prompts"][:n], wl["max_tokens"][:n]
