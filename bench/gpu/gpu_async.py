@@ -240,12 +240,12 @@ def run_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, c
     for pair in range(pairs):
         for mode in (False, True):
             eng.async_scheduling = mode
-            probe.reset()
             steps0, graph0 = eng.stats()["steps"], graphs.steps if graphs else 0
             mixed0 = mixed.steps if mixed else 0
             batch = shifted(prompts, 10 + pair, vocab)  # same prompts for both modes of a pair
             eng.block_manager.reset_prefix_cache()
             sync()
+            probe.reset()  # after the reset: the pass's head idle is generate()'s own
             t = time.perf_counter()
             outs = llm.generate(batch, params)
             probe.end_pass()
@@ -317,10 +317,10 @@ def ab_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, ce
             llm, probe = engines[name], probes[name]
             eng = llm.engine
             graphs, mixed = eng.runner.decode_graphs, eng.runner.mixed_graphs
-            probe.reset()
             steps0, graph0, mixed0 = eng.stats()["steps"], graphs.steps if graphs else 0, mixed.steps if mixed else 0
             eng.block_manager.reset_prefix_cache()
             sync()
+            probe.reset()  # after the reset: the pass's head idle is generate()'s own
             t = time.perf_counter()
             outs = llm.generate(shifted(prompts, 10 + pair, vocab), params)
             probe.end_pass()
@@ -374,10 +374,10 @@ def timed_passes(model_dir: Path, prompts, budgets, settings: dict, passes: int,
     graphs, mixed = eng.runner.decode_graphs, eng.runner.mixed_graphs
     out = []
     for k in range(passes):
-        probe.reset()
         steps0, graph0, mixed0 = eng.stats()["steps"], graphs.steps if graphs else 0, mixed.steps if mixed else 0
         eng.block_manager.reset_prefix_cache()
         sync()
+        probe.reset()  # after the reset: the pass's head idle is generate()'s own
         t = time.perf_counter()
         outs = llm.generate(shifted(prompts, 10 + k, vocab), params)
         probe.end_pass()
