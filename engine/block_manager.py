@@ -24,10 +24,10 @@ def hash_block(parent: bytes | None, token_ids: Seq[int]) -> bytes:
     A 128-bit BLAKE2b digest makes a collision between two different prefixes
     practically impossible, so a hit needs no token-by-token recheck.
     """
-    h = hashlib.blake2b(digest_size=16)
-    h.update(parent or b"\0" * 16)
-    h.update(array("q", token_ids).tobytes())
-    return h.digest()
+    return hashlib.blake2b((parent or _ROOT) + array("q", token_ids).tobytes(), digest_size=16).digest()
+
+
+_ROOT = b"\0" * 16  # the parent of a sequence's first block
 
 
 class BlockManager:
@@ -87,11 +87,19 @@ class BlockManager:
 
     # ---- prefix cache --------------------------------------------------------------
     def _ensure_hashes(self, seq: Sequence, num_full_blocks: int) -> None:
-        bs = self.block_size
+        """``hash_block`` of each full block not hashed yet; the tokens become bytes in one go."""
         hashes = seq.block_hashes
-        while len(hashes) < num_full_blocks:
-            i = len(hashes)
-            hashes.append(hash_block(hashes[-1] if hashes else None, seq.token_ids[i * bs : (i + 1) * bs]))
+        first = len(hashes)
+        if first >= num_full_blocks:
+            return
+        bs = self.block_size
+        data = array("q", seq.token_ids[first * bs : num_full_blocks * bs]).tobytes()
+        width = bs * 8  # int64 ids
+        parent = hashes[-1] if hashes else _ROOT
+        blake2b = hashlib.blake2b
+        for start in range(0, len(data), width):
+            parent = blake2b(parent + data[start : start + width], digest_size=16).digest()
+            hashes.append(parent)
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Block ids holding the longest cached prefix of ``seq``.
@@ -268,7 +276,9 @@ class BlockManager:
         seq.released_blocks = 0
 
     def reset_prefix_cache(self) -> None:
-        self.forget_blocks(range(self.num_blocks))
+        """Forget every published block (``forget_blocks`` of all, without the walk)."""
+        self.block_hashes = [None] * self.num_blocks
+        self.hash_to_block.clear()
 
     def unfilled_slots(self, seq: Sequence) -> int:
         """Token slots the sequence holds that carry no token yet (tail block, reservations)."""
