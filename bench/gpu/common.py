@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import random
@@ -130,3 +131,24 @@ def device_meta() -> dict[str, Any]:
         meta |= {"gpu": p.name, "gpu_memory_gib": round(p.total_memory / 2**30, 1), "sms": p.multi_processor_count,
                  "cuda": torch.version.cuda}
     return meta
+
+
+def bench_ms(fn: Callable[[], Any]) -> float:
+    """Median milliseconds of ``fn`` (triton's do_bench on a GPU; one timed call elsewhere)."""
+    if not torch.cuda.is_available():
+        t = time.perf_counter()
+        fn()
+        return 1e3 * (time.perf_counter() - t)
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def tune_arguments() -> argparse.Namespace:
+    """The kernel-tuning scripts' command line: where the results and the chosen launch go, the job."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--launch-out", type=Path)
+    ap.add_argument("--workload", type=Path, default=Path(__file__).with_name("summ-1024.json"))
+    ap.add_argument("--small", action="store_true", help="tiny shapes and grid (try the script on a CPU)")
+    return ap.parse_args()

@@ -18,7 +18,6 @@ beside it. The chosen launch goes to --launch-out for gpu_async.py --decode-laun
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
@@ -31,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from common import device_meta  # noqa: E402
+from common import bench_ms, device_meta, tune_arguments  # noqa: E402
 
 from engine.attention import triton_kernels as K  # noqa: E402
 from engine.attention.triton_backend import DecodeLaunch, _dot_dtype  # noqa: E402
@@ -175,16 +174,6 @@ def launch(shape: Shape, pool, cfg: DecodeLaunch, splits: int, old: bool = False
     return run
 
 
-def bench_ms(fn) -> float:
-    if not CUDA:
-        t = time.perf_counter()
-        fn()
-        return 1e3 * (time.perf_counter() - t)
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=10, rep=40, return_mode="median")
-
-
 def reference(shape: Shape, pool, head_major: bool = False) -> torch.Tensor:
     """float32 attention of each decode over its context, gathered with torch."""
     k_cache, v_cache = pool
@@ -206,12 +195,7 @@ def graph_splits(n: int, target: int, min_partition: int, max_splits: int = 32) 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--launch-out", type=Path)
-    ap.add_argument("--workload", type=Path, default=Path(__file__).with_name("summ-1024.json"))
-    ap.add_argument("--small", action="store_true", help="tiny shapes and grid (try the script on a CPU)")
-    args = ap.parse_args()
+    args = tune_arguments()
     dev = "cuda" if CUDA else "cpu"
     t0 = time.perf_counter()
     specs = job_shapes(args.workload, args.small)

@@ -13,7 +13,6 @@ current default's, which the CUDA tests check against torch.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import device_meta  # noqa: E402
+from common import bench_ms, device_meta, tune_arguments  # noqa: E402
 
 from engine.attention.metadata import AttentionMetadata  # noqa: E402
 from engine.attention.triton_backend import DEFAULT_EXTEND, ExtendLaunch, TritonAttentionBackend  # noqa: E402
@@ -85,23 +84,8 @@ def make_step(chunks: list[tuple[int, int]], gen: torch.Generator, dev: str):
     return meta, pool, q
 
 
-def bench_ms(fn) -> float:
-    if not CUDA:
-        t = time.perf_counter()
-        fn()
-        return 1e3 * (time.perf_counter() - t)
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=10, rep=40, return_mode="median")
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--launch-out", type=Path)
-    ap.add_argument("--workload", type=Path, default=Path(__file__).with_name("summ-1024.json"))
-    ap.add_argument("--small", action="store_true", help="tiny steps and grid (try the script on a CPU)")
-    args = ap.parse_args()
+    args = tune_arguments()
     dev = "cuda" if CUDA else "cpu"
     t0 = time.perf_counter()
     wl = json.loads(args.workload.read_text())

@@ -286,6 +286,33 @@ def run_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, c
     return res | {"_tokens_pair0": ref}
 
 
+def timed_pass(llm, probe: Probe, prompts, budgets, params, shift: int, ceil: dict) -> tuple[dict, list]:
+    """One timed async-or-sync pass of ``llm`` over the shifted prompts, fresh prefix cache: its
+    record (wall, floor, graph coverage, the probe's parts and idle) and the outputs."""
+    eng = llm.engine
+    vocab = eng.runner.model.config.vocab_size
+    graphs, mixed = eng.runner.decode_graphs, eng.runner.mixed_graphs
+    steps0, graph0, mixed0 = eng.stats()["steps"], graphs.steps if graphs else 0, mixed.steps if mixed else 0
+    eng.block_manager.reset_prefix_cache()
+    sync()
+    probe.reset()  # after the reset: the pass's head idle is generate()'s own
+    t = time.perf_counter()
+    outs = llm.generate(shifted(prompts, shift, vocab), params)
+    probe.end_pass()
+    sync()
+    wall = time.perf_counter() - t
+    steps = eng.stats()["steps"] - steps0
+    cfg = eng.runner.model.config
+    floor = floor_seconds(prompts, budgets, steps, sum(p.numel() for p in eng.runner.model.parameters()),
+                          2 * cfg.num_hidden_layers * cfg.num_key_value_heads * eng.runner.model.head_dim * 2, ceil)
+    rec = {"wall_s": round(wall, 4), "floor_s": round(floor["floor_s"], 4),
+           "fraction_of_floor": round(floor["floor_s"] / wall, 4), "errors": sum(o.error is not None for o in outs),
+           "output_tokens": sum(len(o.token_ids) for o in outs), "expected_output_tokens": sum(budgets),
+           "graph_coverage": round(((graphs.steps - graph0 if graphs else 0)
+                                    + (mixed.steps - mixed0 if mixed else 0)) / max(steps, 1), 4)}
+    return rec | probe.result(wall, steps), outs
+
+
 def ab_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, ceil: dict,
                after_extra: dict | None = None) -> dict:
     """Before/after in one process: an engine with the previous round's launches (BEFORE_LAUNCH,
@@ -314,31 +341,11 @@ def ab_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, ce
     passes, tokens = [], {}
     for pair in range(pairs):
         for name in (("before", "after") if pair % 2 == 0 else ("after", "before")):
-            llm, probe = engines[name], probes[name]
-            eng = llm.engine
-            graphs, mixed = eng.runner.decode_graphs, eng.runner.mixed_graphs
-            steps0, graph0, mixed0 = eng.stats()["steps"], graphs.steps if graphs else 0, mixed.steps if mixed else 0
-            eng.block_manager.reset_prefix_cache()
-            sync()
-            probe.reset()  # after the reset: the pass's head idle is generate()'s own
-            t = time.perf_counter()
-            outs = llm.generate(shifted(prompts, 10 + pair, vocab), params)
-            probe.end_pass()
-            sync()
-            wall = time.perf_counter() - t
-            steps = eng.stats()["steps"] - steps0
+            rec, outs = timed_pass(engines[name], probes[name], prompts, budgets, params, 10 + pair, ceil)
+            rec = {"pair": pair, "engine": name} | rec
             tokens[(pair, name)] = [o.token_ids for o in outs]
-            n_params = sum(p.numel() for p in eng.runner.model.parameters())
-            cfg = eng.runner.model.config
-            floor = floor_seconds(prompts, budgets, steps, n_params,
-                                  2 * cfg.num_hidden_layers * cfg.num_key_value_heads * eng.runner.model.head_dim * 2, ceil)
-            rec = {"pair": pair, "engine": name, "wall_s": round(wall, 4), "floor_s": round(floor["floor_s"], 4),
-                   "fraction_of_floor": round(floor["floor_s"] / wall, 4), "errors": sum(o.error is not None for o in outs),
-                   "output_tokens": sum(len(o.token_ids) for o in outs), "expected_output_tokens": sum(budgets),
-                   "graph_coverage": round(((graphs.steps - graph0 if graphs else 0)
-                                            + (mixed.steps - mixed0 if mixed else 0)) / max(steps, 1), 4)}
-            rec |= probe.result(wall, steps)
             passes.append(rec)
+            wall, steps = rec["wall_s"], rec["steps"]
             print(f"  ab {name:6s} pair {pair}: {wall:.3f}s floor {rec['fraction_of_floor']:.0%} steps {steps} "
                   f"graphs {rec['graph_coverage']:.0%} host {rec['host_ms_excluding_wait']} ms "
                   f"device {rec['device_ms_per_step_mean']} ms busy {rec['device_busy_fraction']}", flush=True)
@@ -371,29 +378,12 @@ def timed_passes(model_dir: Path, prompts, budgets, settings: dict, passes: int,
     params = [SamplingParams(max_tokens=b, temperature=0, ignore_eos=True) for b in budgets]
     llm.generate(shifted(prompts, 1, vocab), params)  # compiles
     probe = Probe(eng)
-    graphs, mixed = eng.runner.decode_graphs, eng.runner.mixed_graphs
     out = []
     for k in range(passes):
-        steps0, graph0, mixed0 = eng.stats()["steps"], graphs.steps if graphs else 0, mixed.steps if mixed else 0
-        eng.block_manager.reset_prefix_cache()
-        sync()
-        probe.reset()  # after the reset: the pass's head idle is generate()'s own
-        t = time.perf_counter()
-        outs = llm.generate(shifted(prompts, 10 + k, vocab), params)
-        probe.end_pass()
-        sync()
-        wall = time.perf_counter() - t
-        steps = eng.stats()["steps"] - steps0
-        cfg = eng.runner.model.config
-        floor = floor_seconds(prompts, budgets, steps, sum(p.numel() for p in eng.runner.model.parameters()),
-                              2 * cfg.num_hidden_layers * cfg.num_key_value_heads * eng.runner.model.head_dim * 2, ceil)
-        rec = {"pass": k, "wall_s": round(wall, 4), "floor_s": round(floor["floor_s"], 4),
-               "fraction_of_floor": round(floor["floor_s"] / wall, 4), "errors": sum(o.error is not None for o in outs),
-               "output_tokens": sum(len(o.token_ids) for o in outs), "expected_output_tokens": sum(budgets),
-               "graph_coverage": round(((graphs.steps - graph0 if graphs else 0)
-                                        + (mixed.steps - mixed0 if mixed else 0)) / max(steps, 1), 4)}
-        rec |= probe.result(wall, steps)
+        rec, outs = timed_pass(llm, probe, prompts, budgets, params, 10 + k, ceil)
+        rec = {"pass": k} | rec
         out.append(rec)
+        wall, steps = rec["wall_s"], rec["steps"]
         if k == 0:
             tokens0 = [o.token_ids for o in outs]
         print(f"  timed pass {k}: {wall:.3f}s floor {rec['fraction_of_floor']:.0%} steps {steps} "
