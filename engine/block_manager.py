@@ -166,10 +166,24 @@ class BlockManager:
 
     # ---- allocation ----------------------------------------------------------------
     def _pop_free_block(self) -> int:
-        block, _ = self.free_queue.popitem(last=False)
-        self.forget_blocks((block,))
-        self.ref_counts[block] = 1
-        return block
+        return self._pop_free_blocks(1)[0]
+
+    def _pop_free_blocks(self, count: int) -> list[int]:
+        """Take ``count`` blocks from the front of the free queue, forgetting any prefix they
+        still served (``forget_blocks``, inlined: an admission takes a dozen at a time)."""
+        popitem, hashes, hash_to_block, ref_counts = (self.free_queue.popitem, self.block_hashes,
+                                                      self.hash_to_block, self.ref_counts)
+        taken = []
+        for _ in range(count):
+            block, _ = popitem(last=False)
+            h = hashes[block]
+            if h is not None:
+                hashes[block] = None
+                if hash_to_block.get(h) == block:
+                    del hash_to_block[h]
+            ref_counts[block] = 1
+            taken.append(block)
+        return taken
 
     def can_admit(self, seq: Sequence, cached_blocks: Seq[int], num_new_tokens: int) -> bool:
         reviving = sum(1 for b in cached_blocks if self.ref_counts[b] == 0)
@@ -207,8 +221,7 @@ class BlockManager:
         need = self._target_blocks(seq, total) - len(table)
         if need > len(self.free_queue):
             return False
-        for _ in range(need):
-            table.append(self._pop_free_block())
+        table.extend(self._pop_free_blocks(need))
         self._register(seq, total)
         self._release_out_of_window(seq)
         return True

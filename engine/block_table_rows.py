@@ -11,9 +11,14 @@ again in full. Entries past a row's length are 0, as a rebuilt table's padding w
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 
 from engine.sequence import Sequence
+
+_ROW_AND_VERSION = attrgetter("table_row", "block_table_version")
+_BLOCK_TABLE = attrgetter("block_table")
 
 
 class BlockTableRows:
@@ -30,11 +35,10 @@ class BlockTableRows:
     def rows_for(self, seqs: list[Sequence]) -> np.ndarray:
         """Each sequence's row, brought up to date."""
         n = len(seqs)
-        # one pass over the sequences for the three numbers
-        state = np.fromiter(((len(s.block_table), s.table_row, s.block_table_version) for s in seqs),
-                            np.dtype((np.int64, 3)), n)
-        lens, versions = state[:, 0], state[:, 2]
-        rows = state[:, 1].copy()
+        # attrgetter and len mapped in C: no Python frame per sequence
+        state = np.fromiter(map(_ROW_AND_VERSION, seqs), np.dtype((np.int64, 2)), n)
+        lens = np.fromiter(map(len, map(_BLOCK_TABLE, seqs)), np.int64, n)
+        rows, versions = state[:, 0].copy(), state[:, 1]
         for i in np.flatnonzero(rows < 0).tolist():
             rows[i] = self._assign(seqs[i])
         rewrite = versions != self.version[rows]
