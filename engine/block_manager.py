@@ -24,10 +24,15 @@ def hash_block(parent: bytes | None, token_ids: Seq[int]) -> bytes:
     A 128-bit BLAKE2b digest makes a collision between two different prefixes
     practically impossible, so a hit needs no token-by-token recheck.
     """
-    return hashlib.blake2b((parent or _ROOT) + array("q", token_ids).tobytes(), digest_size=16).digest()
+    return _chain(parent or _ROOT, array("q", token_ids).tobytes())
 
 
 _ROOT = b"\0" * 16  # the parent of a sequence's first block
+
+
+def _chain(parent: bytes, block: bytes) -> bytes:
+    """The digest of a block given its parent's: BLAKE2b-128 of the parent hash and the block's int64 ids."""
+    return hashlib.blake2b(parent + block, digest_size=16).digest()
 
 
 class BlockManager:
@@ -96,9 +101,8 @@ class BlockManager:
         data = array("q", seq.token_ids[first * bs : num_full_blocks * bs]).tobytes()
         width = bs * 8  # int64 ids
         parent = hashes[-1] if hashes else _ROOT
-        blake2b = hashlib.blake2b
         for start in range(0, len(data), width):
-            parent = blake2b(parent + data[start : start + width], digest_size=16).digest()
+            parent = _chain(parent, data[start : start + width])
             hashes.append(parent)
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
@@ -170,19 +174,13 @@ class BlockManager:
 
     def _pop_free_blocks(self, count: int) -> list[int]:
         """Take ``count`` blocks from the front of the free queue, forgetting any prefix they
-        still served (``forget_blocks``, inlined: an admission takes a dozen at a time)."""
-        popitem, hashes, hash_to_block, ref_counts = (self.free_queue.popitem, self.block_hashes,
-                                                      self.hash_to_block, self.ref_counts)
-        taken = []
-        for _ in range(count):
-            block, _ = popitem(last=False)
-            h = hashes[block]
-            if h is not None:
-                hashes[block] = None
-                if hash_to_block.get(h) == block:
-                    del hash_to_block[h]
+        still served: one ``forget_blocks`` call for all of them (an admission takes a dozen)."""
+        popitem = self.free_queue.popitem
+        taken = [popitem(last=False)[0] for _ in range(count)]
+        self.forget_blocks(taken)
+        ref_counts = self.ref_counts
+        for block in taken:
             ref_counts[block] = 1
-            taken.append(block)
         return taken
 
     def can_admit(self, seq: Sequence, cached_blocks: Seq[int], num_new_tokens: int) -> bool:

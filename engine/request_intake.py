@@ -60,9 +60,12 @@ class RequestIntake:
         if not token_ids:
             raise RequestError(request_id, "empty prompt")
         vocab = self.vocab_size
-        if not _plain_ints(token_ids) or min(token_ids) < 0 or max(token_ids) >= vocab:
-            if _plain_ints(token_ids) or any((not isinstance(t, int)) or t < 0 or t >= vocab for t in token_ids):
-                raise RequestError(request_id, f"prompt has token ids outside the vocabulary [0, {vocab})")
+        if _plain_ints(token_ids):
+            outside = min(token_ids) < 0 or max(token_ids) >= vocab
+        else:  # bools, int subclasses, other types: the per-id test
+            outside = any((not isinstance(t, int)) or t < 0 or t >= vocab for t in token_ids)
+        if outside:
+            raise RequestError(request_id, f"prompt has token ids outside the vocabulary [0, {vocab})")
         if len(token_ids) >= self.max_model_len:
             raise RequestError(
                 request_id, f"prompt is {len(token_ids)} tokens, the model's context is {self.max_model_len} tokens"

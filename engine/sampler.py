@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.sampling_params import GREEDY_BELOW, SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
 _MASK32 = np.uint64(0xFFFFFFFF)
@@ -154,7 +154,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Next token ids (int64, on the logits' device) for ``logits`` [N, vocab], one row per
     sequence that samples this step; greedy rows take the argmax. Logits in a 16-bit dtype are
     widened to float32 only in the rows that draw: an argmax of exactly widened values is the same."""
-    drawn = [i for i, s in enumerate(seqs) if s.params.temperature >= GREEDY_BELOW]  # .greedy, without a call per row
+    drawn = [i for i, s in enumerate(seqs) if not s.params.greedy]
     if not drawn:
         return logits.argmax(dim=-1)
     n = len(drawn)

@@ -111,7 +111,7 @@ class Scheduler:
             num_tokens = len(seq.token_ids)
             num_new = num_tokens - computed
             # its pending token is its last (known before it lands): no step past its end
-            if seq.num_pending_tokens and num_tokens >= seq.max_total_tokens:  # stop.ends_by_length
+            if seq.num_pending_tokens and num_tokens >= seq.max_total_tokens:  # stop.length_limit reached
                 self._drain(running.pop(i))  # its slot and blocks go now
                 continue
             if num_new == 0:

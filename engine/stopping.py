@@ -41,7 +41,7 @@ class StopConditions:
             if cut is not None:
                 seq.stop_text_end = cut
                 return "stop"
-        if len(seq.token_ids) >= seq.max_total_tokens:  # ends_by_length, without the call
+        if len(seq.token_ids) >= seq.max_total_tokens:  # its length_limit, stored on it
             return "length"
         return None
 
@@ -50,7 +50,3 @@ class StopConditions:
         outputs, or the model's context. The scheduler stores it as ``seq.max_total_tokens``
         when the sequence arrives."""
         return min(len(seq.prompt_token_ids) + seq.params.max_tokens, self.max_model_len)
-
-    def ends_by_length(self, seq: Sequence) -> bool:
-        """The sequence has reached its length limit (``length_limit``, stored on it)."""
-        return len(seq.token_ids) >= seq.max_total_tokens
