@@ -234,42 +234,17 @@ def run_setting(model_dir: Path, prompts, budgets, settings: dict, pairs: int, c
     eng.async_scheduling = False
     llm.generate(shifted(prompts, 2, vocab), params)
     probe = Probe(eng)
-    graphs = eng.runner.decode_graphs
-    mixed = getattr(eng.runner, "mixed_graphs", None)
+    graphs, mixed = eng.runner.decode_graphs, eng.runner.mixed_graphs
     passes, tokens = [], {}
     for pair in range(pairs):
         for mode in (False, True):
-            eng.async_scheduling = mode
-            steps0, graph0 = eng.stats()["steps"], graphs.steps if graphs else 0
-            mixed0 = mixed.steps if mixed else 0
-            batch = shifted(prompts, 10 + pair, vocab)  # same prompts for both modes of a pair
-            eng.block_manager.reset_prefix_cache()
-            sync()
-            probe.reset()  # after the reset: the pass's head idle is generate()'s own
-            t = time.perf_counter()
-            outs = llm.generate(batch, params)
-            probe.end_pass()
-            sync()
-            wall = time.perf_counter() - t
-            steps = eng.stats()["steps"] - steps0
-            out_tokens = sum(len(o.token_ids) for o in outs)
+            eng.async_scheduling = mode  # the same prompts for both modes of a pair
+            rec, outs = timed_pass(llm, probe, prompts, budgets, params, 10 + pair, ceil)
+            rec = {"pair": pair, "async": mode} | rec
             tokens[(pair, mode)] = [o.token_ids for o in outs]
-            n_params = sum(p.numel() for p in eng.runner.model.parameters())
-            cfg = eng.runner.model.config
-            kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * eng.runner.model.head_dim * 2
-            floor = floor_seconds(prompts, budgets, steps, n_params, kv_per_token, ceil)
-            rec = {"pair": pair, "async": mode, "wall_s": round(wall, 4), "output_tokens": out_tokens,
-                   "expected_output_tokens": sum(budgets), "output_tok_per_s": round(out_tokens / wall, 1),
-                   "errors": sum(o.error is not None for o in outs), "floor_s": round(floor["floor_s"], 4),
-                   "fraction_of_floor": round(floor["floor_s"] / wall, 4),
-                   "graph_steps": (graphs.steps - graph0) if graphs else 0,
-                   "mixed_graph_steps": (mixed.steps - mixed0) if mixed else 0,
-                   "graph_coverage": round((((graphs.steps - graph0) if graphs else 0)
-                                            + ((mixed.steps - mixed0) if mixed else 0)) / max(steps, 1), 4)}
-            rec |= probe.result(wall, steps)
             passes.append(rec)
-            print(f"  {settings} pair {pair} async={mode}: {wall:.3f}s {rec['output_tok_per_s']:.0f} tok/s "
-                  f"floor {rec['fraction_of_floor']:.0%} steps {steps} graphs {rec['graph_coverage']:.0%} "
+            print(f"  {settings} pair {pair} async={mode}: {rec['wall_s']:.3f}s {rec['output_tok_per_s']:.0f} tok/s "
+                  f"floor {rec['fraction_of_floor']:.0%} steps {rec['steps']} graphs {rec['graph_coverage']:.0%} "
                   f"host {rec['host_ms_per_step']} device {rec['device_ms_per_step_mean']} ms", flush=True)
     identical = sum(a == b for pair in range(pairs) for a, b in zip(tokens[(pair, False)], tokens[(pair, True)], strict=True))
     ratios = [next(p["wall_s"] for p in passes if p["pair"] == k and not p["async"])
@@ -305,11 +280,13 @@ def timed_pass(llm, probe: Probe, prompts, budgets, params, shift: int, ceil: di
     cfg = eng.runner.model.config
     floor = floor_seconds(prompts, budgets, steps, sum(p.numel() for p in eng.runner.model.parameters()),
                           2 * cfg.num_hidden_layers * cfg.num_key_value_heads * eng.runner.model.head_dim * 2, ceil)
+    out_tokens = sum(len(o.token_ids) for o in outs)
+    graph_steps, mixed_steps = (graphs.steps - graph0 if graphs else 0), (mixed.steps - mixed0 if mixed else 0)
     rec = {"wall_s": round(wall, 4), "floor_s": round(floor["floor_s"], 4),
            "fraction_of_floor": round(floor["floor_s"] / wall, 4), "errors": sum(o.error is not None for o in outs),
-           "output_tokens": sum(len(o.token_ids) for o in outs), "expected_output_tokens": sum(budgets),
-           "graph_coverage": round(((graphs.steps - graph0 if graphs else 0)
-                                    + (mixed.steps - mixed0 if mixed else 0)) / max(steps, 1), 4)}
+           "output_tokens": out_tokens, "expected_output_tokens": sum(budgets),
+           "output_tok_per_s": round(out_tokens / wall, 1), "graph_steps": graph_steps, "mixed_graph_steps": mixed_steps,
+           "graph_coverage": round((graph_steps + mixed_steps) / max(steps, 1), 4)}
     return rec | probe.result(wall, steps), outs
 
 

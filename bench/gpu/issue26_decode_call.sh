@@ -16,13 +16,7 @@ if [[ -z ${LAUNCH:-} ]]; then
   LAUNCH=$(cat "$OUT/decode-launch.json" 2>/dev/null)
 fi
 # LAUNCH (JSON of DecodeLaunch fields) becomes DEFAULT_DECODE for the tests and the A/B's "after"
-[[ -n ${LAUNCH:-} ]] && python3 - "$LAUNCH" engine/attention/triton_backend.py <<'PY'
-import json, re, sys
-args = ", ".join(f"{k}={v}" for k, v in json.loads(sys.argv[1]).items())
-p = sys.argv[2]; s = open(p).read()
-s, n = re.subn(r"^DEFAULT_DECODE = DecodeLaunch\(.*\)$", f"DEFAULT_DECODE = DecodeLaunch({args})", s, flags=re.M)
-assert n == 1; open(p, "w").write(s)
-PY
+[[ -n ${LAUNCH:-} ]] && python3 bench/gpu/set_default_launch.py DEFAULT_DECODE DecodeLaunch "$LAUNCH"
 grep -n "^DEFAULT_DECODE" engine/attention/triton_backend.py | tee "$OUT/default-decode.txt"
 [[ ${TESTS:-1} == 1 ]] && (cd tests && PYTHONPATH=$PWD/..:$PWD timeout "${TEST_TIMEOUT:-240}" python3 -m pytest --noconftest -q \
   -p no:cacheprovider -n 12 engine/test_triton_cuda.py engine/test_sampler.py engine/test_cuda_model_zoo.py engine/test_fused_triton.py \

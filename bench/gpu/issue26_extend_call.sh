@@ -17,13 +17,7 @@ if [[ -z ${EXTEND:-} ]]; then
   EXTEND=$(cat "$OUT/extend-launch.json" 2>/dev/null)
 fi
 # EXTEND (JSON of ExtendLaunch fields) becomes DEFAULT_EXTEND for the tests and the A/B's "after"
-[[ -n ${EXTEND:-} ]] && python3 - "$EXTEND" engine/attention/triton_backend.py <<'PY'
-import json, re, sys
-args = ", ".join(f"{k}={v}" for k, v in json.loads(sys.argv[1]).items())
-p = sys.argv[2]; s = open(p).read()
-s, n = re.subn(r"^DEFAULT_EXTEND = ExtendLaunch\(.*\)$", f"DEFAULT_EXTEND = ExtendLaunch({args})", s, flags=re.M)
-assert n == 1; open(p, "w").write(s)
-PY
+[[ -n ${EXTEND:-} ]] && python3 bench/gpu/set_default_launch.py DEFAULT_EXTEND ExtendLaunch "$EXTEND"
 grep -n "^DEFAULT_EXTEND" engine/attention/triton_backend.py | tee "$OUT/default-extend.txt"
 [[ ${TESTS:-1} == 1 ]] && (cd tests && PYTHONPATH=$PWD/..:$PWD timeout "${TEST_TIMEOUT:-200}" python3 -m pytest --noconftest -q \
   -p no:cacheprovider -n 12 engine/test_triton_cuda.py engine/test_cuda_model_zoo.py \
