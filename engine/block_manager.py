@@ -156,6 +156,7 @@ class BlockManager:
         for seq in seqs:
             self.forget_blocks(seq.block_table)
             seq.num_registered_blocks = 0
+            seq.slots_ready_until = 0
 
     def forget_blocks(self, block_ids: Seq[int]) -> None:
         """Drop the prefix-cache entries of blocks whose contents can no longer be trusted."""
@@ -207,22 +208,34 @@ class BlockManager:
         return True
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
-        """Make room for the next ``num_new_tokens`` tokens; False if the pool is too full."""
+        """Make room for the next ``num_new_tokens`` tokens; False if the pool is too full.
+        Nothing to do while they stay within ``seq.slots_ready_until``: the scheduler skips the
+        call then (15 of 16 decode steps)."""
         total = seq.num_computed_tokens + num_new_tokens
-        table = seq.block_table
-        if total <= len(table) * self.block_size:  # the common decode step: room in the last block
-            if seq.num_registered_blocks < total // self.block_size:
-                self._register(seq, total)
-            if self.window is not None:
-                self._release_out_of_window(seq)
+        if total <= seq.slots_ready_until:
             return True
-        need = self._target_blocks(seq, total) - len(table)
-        if need > len(self.free_queue):
-            return False
-        table.extend(self._pop_free_blocks(need))
+        table = seq.block_table
+        if total > len(table) * self.block_size:
+            need = self._target_blocks(seq, total) - len(table)
+            if need > len(self.free_queue):
+                return False
+            table.extend(self._pop_free_blocks(need))
         self._register(seq, total)
         self._release_out_of_window(seq)
+        self._set_slots_ready(seq)
         return True
+
+    def _set_slots_ready(self, seq: Sequence) -> None:
+        """``seq.slots_ready_until``: the most tokens it can hold with no block to add and none
+        to publish (the last block fills at ``(num_registered_blocks + 1) * block_size``); with a
+        sliding window every step may give blocks back, so 0."""
+        if self.window is not None:
+            seq.slots_ready_until = 0
+            return
+        limit = len(seq.block_table) * self.block_size
+        if self.enable_prefix_caching:
+            limit = min(limit, (seq.num_registered_blocks + 1) * self.block_size - 1)
+        seq.slots_ready_until = limit
 
     def _release_out_of_window(self, seq: Sequence) -> None:
         """Give back the blocks wholly before the first position the sequence's next query
@@ -270,10 +283,12 @@ class BlockManager:
         child.num_registered_blocks = min(full, parent.num_registered_blocks)
         child.num_computed_tokens = full * bs
         if computed % bs == 0 or self.num_free_blocks == 0:
+            self._set_slots_ready(child)
             return None
         block = self._pop_free_block()
         child.block_table.append(block)
         child.num_computed_tokens = computed
+        self._set_slots_ready(child)
         return parent.block_table[full], block
 
     def free(self, seq: Sequence) -> None:
@@ -285,6 +300,7 @@ class BlockManager:
         seq.block_table_version += 1
         seq.num_registered_blocks = 0
         seq.released_blocks = 0
+        seq.slots_ready_until = 0
 
     def reset_prefix_cache(self) -> None:
         """Forget every published block (``forget_blocks`` of all, without the walk)."""

@@ -96,7 +96,6 @@ class Scheduler:
         self.step_count += 1
         batch = ScheduledBatch(step=self.step_count)
         budget = self.max_num_batched_tokens
-        allocate_slots = self.block_manager.allocate_slots
         make_item = tuple.__new__  # ScheduledSequence(...) without its Python-level __new__
         # One pass over the running sequences builds their items: single-token steps of
         # sequences with a context (decodes) in front, as the runner wants them, the rest after.
@@ -119,25 +118,22 @@ class Scheduler:
                 continue
             if num_new > budget:
                 num_new = budget
-            while not allocate_slots(seq, num_new):
-                victim = running.pop()  # never one already scheduled: those sit before i
-                self._preempt(victim)
-                batch.preempted.append(victim)
-                if victim is seq:
-                    break
+            total = computed + num_new
+            # the block manager's promise spares most decodes the call
+            if total > seq.slots_ready_until and not self._allocate(seq, num_new, batch.preempted):
+                continue  # it was preempted itself, the last of the running ones
+            seq.num_computed_tokens = total
+            item = make_item(ScheduledSequence, (seq, num_new, computed, total == num_tokens))
+            if num_new == 1 and computed:
+                decodes.append(item)
             else:
-                total = seq.num_computed_tokens = computed + num_new
-                item = make_item(ScheduledSequence, (seq, num_new, computed, total == num_tokens))
-                if num_new == 1 and computed:
-                    decodes.append(item)
-                else:
-                    chunks.append(item)
-                if num_new > 1 or computed < len(seq.prompt_token_ids) or seq.num_preemptions:
-                    prompt_tokens += self._prompt_tokens(seq, computed, num_new)
-                    if seq.needs_prompt_logits:
-                        batch.wants_prompt_logits = True
-                budget -= num_new
-                i += 1
+                chunks.append(item)
+            if num_new > 1 or computed < len(seq.prompt_token_ids) or seq.num_preemptions:
+                prompt_tokens += self._prompt_tokens(seq, computed, num_new)
+                if seq.needs_prompt_logits:
+                    batch.wants_prompt_logits = True
+            budget -= num_new
+            i += 1
 
         if not batch.preempted:
             admitted: list[tuple[Sequence, int]] = []
@@ -153,6 +149,17 @@ class Scheduler:
         batch.num_decodes = len(decodes)
         batch.num_prompt_tokens = prompt_tokens
         return batch
+
+    def _allocate(self, seq: Sequence, num_new: int, preempted: list[Sequence]) -> bool:
+        """Room for ``seq``'s next tokens, preempting running sequences from the back while the
+        pool is too full; False if ``seq`` itself had to go (it was the last one running)."""
+        while not self.block_manager.allocate_slots(seq, num_new):
+            victim = self.running.pop()  # never one already scheduled: those sit before it
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
 
     @staticmethod
     def _prompt_tokens(seq: Sequence, computed: int, num_new: int) -> int:

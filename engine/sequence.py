@@ -40,6 +40,9 @@ class Sequence:
     table_row: int = -1  # this sequence's row of the model runner's BlockTableRows, once it has one
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered_blocks: int = 0  # leading blocks of block_table already offered to the prefix cache
+    # set by the block manager: the tokens it may have computed before allocate_slots has work to
+    # do again (a new block, a block to publish, a window to slide); 0: call it every step
+    slots_ready_until: int = 0
     # 1 while the last entry of token_ids is a placeholder for a token the device is still sampling
     # (async scheduling); the engine writes the real token there before anything reads it.
     num_pending_tokens: int = 0

@@ -1,0 +1,104 @@
+"""``Sequence.slots_ready_until`` lets the scheduler skip ``allocate_slots`` for most decodes.
+Skipping must change nothing: the same workload, driven against a block manager that is asked
+every step, schedules the same steps and leaves the same blocks, hashes and free queue."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.block_manager import BlockManager
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence, SequenceStatus
+from engine.stopping import StopConditions
+
+EOS = 2
+PLACEHOLDER = -1
+
+
+class AskedEveryStep(BlockManager):
+    """The reference: promises nothing, so every scheduled sequence calls ``allocate_slots``."""
+
+    def _set_slots_ready(self, seq: Sequence) -> None:
+        seq.slots_ready_until = 0
+
+
+def _token(seq: Sequence) -> int:
+    """A deterministic next token (EOS now and then), the same in both runs."""
+    value = (sum(map(ord, seq.request_id)) * 31 + len(seq.token_ids) * 7) % 41
+    return EOS if value == 0 else value + 3
+
+
+def _drive(manager: type[BlockManager], seed: int, window: int | None, allocation: str, overlap: bool):
+    """Run a random workload (shared prefixes, a pool small enough to preempt, chunked prompts);
+    returns a trace of every step's schedule and the block manager's state after it."""
+    rng = random.Random(seed)
+    bm = manager(num_blocks=20, block_size=4, enable_prefix_caching=True, allocation=allocation, window=window)
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=20, stop=StopConditions(frozenset({EOS})))
+    prefixes = [[rng.randrange(3, 40) for _ in range(rng.randrange(4, 13))] for _ in range(3)]
+    seqs: list[Sequence] = []
+    in_flight: list[Sequence] = []
+    trace = []
+    for step in range(160):
+        if step < 120 and rng.random() < 0.35:
+            prompt = rng.choice(prefixes) + [rng.randrange(3, 40) for _ in range(rng.randrange(1, 9))]
+            seq = Sequence(f"r{len(seqs)}", prompt, SamplingParams(max_tokens=rng.randrange(1, 40), temperature=0))
+            seqs.append(seq)
+            sched.add(seq)
+        batch = sched.schedule()
+        samplers = [it.seq for it in batch.items if it.samples]
+        if overlap:  # as LLMEngine._step_overlapped: apply step t after scheduling t + 1
+            sched.update({s: _token(s) for s in in_flight if s.status is not SequenceStatus.FINISHED})
+            for s in samplers:
+                if s.status is not SequenceStatus.FINISHED:
+                    s.token_ids.append(PLACEHOLDER)
+                    s.num_pending_tokens = 1
+            in_flight = samplers
+        else:
+            sched.update({s: _token(s) for s in samplers})
+        trace.append((
+            [(it.seq.request_id, it.num_new_tokens, it.num_computed_tokens, it.samples) for it in batch.items],
+            [s.request_id for s in batch.preempted],
+            sorted(bm.hash_to_block.items()), list(bm.free_queue), list(bm.ref_counts),
+            [(s.request_id, s.status, list(s.block_table), s.num_registered_blocks) for s in seqs],
+        ))
+    return trace, sched, bm
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize(("window", "allocation"), [(None, "paged"), (8, "paged"), (None, "contiguous")])
+@pytest.mark.parametrize("seed", range(4))
+def test_skipping_allocate_slots_changes_nothing(seed, window, allocation, overlap):
+    fast, sched, bm = _drive(BlockManager, seed, window, allocation, overlap)
+    reference, _, _ = _drive(AskedEveryStep, seed, window, allocation, overlap)
+    assert len(fast) == len(reference)
+    for step, (got, want) in enumerate(zip(fast, reference, strict=True)):
+        assert got == want, f"step {step + 1} differs"
+    # the workload reaches preemption (a contiguous reservation admits only what fits whole)
+    assert sched.num_preemptions > 0 or allocation == "contiguous"
+    assert sum(1 for t in fast if t[0]) > 100
+
+
+def test_the_promise_covers_most_decodes_and_never_a_new_block_or_an_unpublished_one():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    seq = Sequence("a", [5, 6, 7, 8, 9], SamplingParams(max_tokens=20, temperature=0))
+    assert bm.admit(seq, [], 5)
+    seq.num_computed_tokens = 5
+    # two blocks held, the first published: up to 8 tokens need no call (the second fills at 8)
+    assert (len(seq.block_table), seq.num_registered_blocks, seq.slots_ready_until) == (2, 1, 7)
+    seq.token_ids += [10, 11, 12]
+    seq.num_computed_tokens = 7
+    assert bm.allocate_slots(seq, 1)  # the 8th token fills block 2: it is published
+    assert (seq.num_registered_blocks, seq.slots_ready_until) == (2, 8)
+    seq.num_computed_tokens = 8
+    seq.token_ids.append(13)
+    assert bm.allocate_slots(seq, 1)  # the 9th needs a third block
+    assert (len(seq.block_table), seq.slots_ready_until) == (3, 11)
+    bm.free(seq)
+    assert seq.slots_ready_until == 0
+    unpublished = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
+    other = Sequence("b", [5, 6, 7, 8, 9], SamplingParams(max_tokens=20, temperature=0))
+    assert unpublished.admit(other, [], 5)
+    assert other.slots_ready_until == 8  # nothing is published: only the held blocks bound it
