@@ -30,31 +30,40 @@ def seq(i: int) -> Sequence:
     return Sequence(f"r{i}", [1, 2, 3], SamplingParams())
 
 
+def _change_one(rng: random.Random, live: list[Sequence], born: int) -> int:
+    """One thing the block manager or the scheduler does to a sequence; returns ``born``."""
+    s = rng.choice(live)
+    action = rng.random()
+    if action < 0.4:
+        s.block_table.append(rng.randrange(1000))  # a decode crossing into a new block
+    elif action < 0.5:
+        s.block_table += [rng.randrange(1000) for _ in range(rng.randrange(2, 6))]  # a prompt chunk
+    elif action < 0.6:
+        s.block_table = []  # preempted: freed
+        s.block_table_version += 1
+    elif action < 0.7:
+        s.block_table = [rng.randrange(1000) for _ in range(rng.randrange(1, 9))]  # admitted again
+        s.block_table_version += 1
+    elif action < 0.75 and s.block_table:
+        s.block_table[0] = RELEASED  # out of the sliding window, in place
+        s.block_table_version += 1
+    elif action < 0.85 and len(live) > 1:
+        s.status = SequenceStatus.FINISHED
+        live.remove(s)
+    else:
+        live.append(seq(born))
+        born += 1
+    return born
+
+
 def test_a_random_life_of_sequences_matches_rebuilding_every_step():
     rng = random.Random(0)
     rows = BlockTableRows(max_blocks_per_seq=4, rows=2)  # small: growth and widening both happen
     live = [seq(i) for i in range(3)]
     born = 3
     for _ in range(400):
-        s = rng.choice(live)
-        action = rng.random()
-        if action < 0.5:
-            s.block_table.append(rng.randrange(1000))  # a decode crossing into a new block
-        elif action < 0.6:
-            s.block_table = []  # preempted: freed
-            s.block_table_version += 1
-        elif action < 0.7:
-            s.block_table = [rng.randrange(1000) for _ in range(rng.randrange(1, 9))]  # admitted again
-            s.block_table_version += 1
-        elif action < 0.75 and s.block_table:
-            s.block_table[0] = RELEASED  # out of the sliding window, in place
-            s.block_table_version += 1
-        elif action < 0.85 and len(live) > 1:
-            s.status = SequenceStatus.FINISHED
-            live.remove(s)
-        else:
-            live.append(seq(born))
-            born += 1
+        for _ in range(rng.randrange(1, 4)):  # several sequences change in one step
+            born = _change_one(rng, live, born)
         batch = [x for x in live if x.block_table and rng.random() < 0.8] or [x for x in live if x.block_table]
         if batch:
             width = max(len(x.block_table) for x in batch)
