@@ -146,7 +146,9 @@ class LLMEngine:
             self.requests[seq.request_id].prompt_logprobs[first + 1 : first + 1 + len(entries)] = entries
         if not step.sample_seqs:
             return
-        seqs, logits = self._fork(step.sample_seqs, step.logits)
+        seqs, logits = step.sample_seqs, step.logits
+        if self._host_bound:  # no request forks while the set is empty
+            seqs, logits = self._fork(seqs, logits)
         self._apply(dict(zip(seqs, self._sample(seqs, logits), strict=True)), finished)
 
     def _apply(self, sampled: dict[Sequence, int], finished: list[RequestOutput]) -> None:
@@ -220,6 +222,8 @@ class LLMEngine:
 
         Everything happens where the logits are: grammar bitmasks, log-softmax, sampling; from a
         GPU only token ids and the logprob entries come back, never ``[rows, vocab]``."""
+        if not self._host_bound:  # no grammar and no logprobs: no per-sequence look
+            return self.runner.sample_tokens(logits, seqs).tolist()
         logits = self.structured.apply_masks(logits, [s.matcher for s in seqs])
         lp_rows = [i for i, s in enumerate(seqs) if s.logprobs is not None]
         raw = log_softmax(logits[lp_rows]) if lp_rows else None  # grammar-masked, before temperature/top-k/top-p

@@ -16,6 +16,11 @@ MAX_STOP_LENGTH = 1024  # characters of one stop string (matched against every s
 GREEDY_BELOW = 1e-5  # temperatures below this decode greedily
 
 
+def greedy_temperature(temperature):
+    """The one greedy rule, for a temperature or a numpy array of them (the sampler's batch)."""
+    return temperature < GREEDY_BELOW
+
+
 @dataclass
 class SamplingParams:
     """How one request is decoded. ``temperature`` 0 (or below ``GREEDY_BELOW``) means greedy."""
@@ -49,7 +54,7 @@ class SamplingParams:
     def greedy(self) -> bool:
         """Below ``GREEDY_BELOW`` the distribution is the argmax in all but float noise, and
         logits / temperature would overflow float32 (as vLLM treats it)."""
-        return self.temperature < GREEDY_BELOW
+        return bool(greedy_temperature(self.temperature))
 
     def validate(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
