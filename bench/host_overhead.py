@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import json
 import pstats
 import statistics
 import sys
@@ -243,6 +244,17 @@ def run_case(model_dir: Path, size: int, workload: str, sampling: str, steps: in
     return result
 
 
+def serve(model_dir: Path, args: argparse.Namespace) -> None:
+    """One case per stdin line ({"size", "workload", "sampling", "async"}), one result line back:
+    two trees' servers can then alternate case by case instead of whole matrices."""
+    print("ready", flush=True)
+    for line in sys.stdin:
+        case = json.loads(line)
+        r = run_case(model_dir, case["size"], case["workload"], case["sampling"], args.steps, args.device_ms,
+                     case.get("async"), False, args.decode_prompt)
+        print("result " + json.dumps(r), flush=True)
+
+
 def main() -> None:
     global VOCAB, ONE_HOT_LOGITS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -257,6 +269,8 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=VOCAB, help="the stub model's vocabulary (sampling cost)")
     ap.add_argument("--one-hot-logits", action="store_true",
                     help="the stub's old logits: one 1.0 per row, the rest tied at 0 (sampling keeps them all)")
+    ap.add_argument("--serve", action="store_true",
+                    help="read cases as JSON lines on stdin, answer each with one JSON line (host_overhead_ab.py --interleave)")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -268,6 +282,9 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_model_dir(Path(tmp))
+        if args.serve:
+            serve(model_dir, args)
+            return
         for size in args.sizes:
             for workload in args.workloads:
                 for sampling in args.samplings:
