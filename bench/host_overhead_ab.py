@@ -80,7 +80,36 @@ def interleaved(trees: dict[str, Path], pairs: int, extra: list[str], cases: lis
 
 
 def key(r: dict) -> str:
-    return f"{r['size']}/{r['workload']}/{r['sampling']}"
+    """The case's name; the engine mode too where the run set one (async on and off may both run)."""
+    mode = r.get("async")
+    return f"{r['size']}/{r['workload']}/{r['sampling']}" + (f"/async-{mode}" if mode else "")
+
+
+def summarise(runs: dict[str, list[list[dict]]]) -> dict[str, dict]:
+    """Per case: both sides' figures per pair, their medians and the median of the pair ratios."""
+    cases = {}
+    for i, r in enumerate(runs["after"][0]):
+        k = key(r)
+        walls = {side: [p[i]["wall_us_per_step"] for p in runs[side]] for side in runs}
+        parts = {side: {part: statistics.median(p[i]["parts_us_per_step"][part] for p in runs[side])
+                        for part in r["parts_us_per_step"]} for side in runs}
+        ratios = [b / a for b, a in zip(walls["before"], walls["after"], strict=True)]
+        # the issue's figure: host work without the stub model and the sampler's arithmetic
+        host = {side: [p[i].get("host_us_excluding_model_and_sampler") for p in runs[side]] for side in runs}
+        host_ratios = [b / a for b, a in zip(host["before"], host["after"], strict=True) if a and b]
+        cases[k] = {"wall_us_before": walls["before"], "wall_us_after": walls["after"],
+                    "before_over_after_per_pair": [round(x, 3) for x in ratios],
+                    "median_ratio": round(statistics.median(ratios), 3),
+                    "host_us_before": host["before"], "host_us_after": host["after"],
+                    "host_median_ratio": round(statistics.median(host_ratios), 3) if host_ratios else None,
+                    "median_parts_us_before": parts["before"], "median_parts_us_after": parts["after"]}
+        line = (f"{k:28s} wall before {statistics.median(walls['before']):7.0f} after "
+                f"{statistics.median(walls['after']):7.0f} us ({cases[k]['median_ratio']})")
+        if host_ratios:
+            line += (f"  host before {statistics.median(host['before']):7.0f} after "
+                     f"{statistics.median(host['after']):7.0f} us ({cases[k]['host_median_ratio']})")
+        print(line)
+    return cases
 
 
 def main() -> None:
@@ -111,28 +140,7 @@ def main() -> None:
                     tree = args.before if side == "before" else args.after
                     print(f"pair {pair} {side}: {tree}", flush=True)
                     runs[side].append(run(tree, Path(tmp) / f"{side}-{pair}", extra))
-    cases = {}
-    for i, r in enumerate(runs["after"][0]):
-        k = key(r)
-        walls = {side: [p[i]["wall_us_per_step"] for p in runs[side]] for side in runs}
-        parts = {side: {part: statistics.median(p[i]["parts_us_per_step"][part] for p in runs[side])
-                        for part in r["parts_us_per_step"]} for side in runs}
-        ratios = [b / a for b, a in zip(walls["before"], walls["after"], strict=True)]
-        # the issue's figure: host work without the stub model and the sampler's arithmetic
-        host = {side: [p[i].get("host_us_excluding_model_and_sampler") for p in runs[side]] for side in runs}
-        host_ratios = [b / a for b, a in zip(host["before"], host["after"], strict=True) if a and b]
-        cases[k] = {"wall_us_before": walls["before"], "wall_us_after": walls["after"],
-                    "before_over_after_per_pair": [round(x, 3) for x in ratios],
-                    "median_ratio": round(statistics.median(ratios), 3),
-                    "host_us_before": host["before"], "host_us_after": host["after"],
-                    "host_median_ratio": round(statistics.median(host_ratios), 3) if host_ratios else None,
-                    "median_parts_us_before": parts["before"], "median_parts_us_after": parts["after"]}
-        line = (f"{k:22s} wall before {statistics.median(walls['before']):7.0f} after "
-                f"{statistics.median(walls['after']):7.0f} us ({cases[k]['median_ratio']})")
-        if host_ratios:
-            line += (f"  host before {statistics.median(host['before']):7.0f} after "
-                     f"{statistics.median(host['after']):7.0f} us ({cases[k]['host_median_ratio']})")
-        print(line)
+    cases = summarise(runs)
     result = {"bench": "host_overhead_ab", "command": " ".join(sys.argv), "system": info, "trees": args.note,
               "before": str(args.before), "after": str(args.after), "cases": cases, "runs": runs}
     if args.out:
