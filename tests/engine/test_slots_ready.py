@@ -31,12 +31,23 @@ def _token(seq: Sequence) -> int:
     return EOS if value == 0 else value + 3
 
 
-def _drive(manager: type[BlockManager], seed: int, window: int | None, allocation: str, overlap: bool):
+def _check_accounts(batch) -> None:
+    """What the runner relies on: decodes (one token over a context) first, counted by
+    ``num_decodes`` (an admitted prompt whose prefix hit leaves one token may follow as a
+    chunk), and the step's prompt tokens counted once per item."""
+    nd = batch.num_decodes
+    assert all(it.num_new_tokens == 1 and it.num_computed_tokens > 0 for it in batch.items[:nd])
+    assert batch.num_prompt_tokens == sum(
+        Scheduler._prompt_tokens(it.seq, it.num_computed_tokens, it.num_new_tokens) for it in batch.items)
+
+
+def _drive(manager: type[BlockManager], seed: int, window: int | None, allocation: str, overlap: bool,
+           budget: int = 20):
     """Run a random workload (shared prefixes, a pool small enough to preempt, chunked prompts);
     returns a trace of every step's schedule and the block manager's state after it."""
     rng = random.Random(seed)
     bm = manager(num_blocks=20, block_size=4, enable_prefix_caching=True, allocation=allocation, window=window)
-    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=20, stop=StopConditions(frozenset({EOS})))
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=budget, stop=StopConditions(frozenset({EOS})))
     prefixes = [[rng.randrange(3, 40) for _ in range(rng.randrange(4, 13))] for _ in range(3)]
     seqs: list[Sequence] = []
     in_flight: list[Sequence] = []
@@ -48,6 +59,7 @@ def _drive(manager: type[BlockManager], seed: int, window: int | None, allocatio
             seqs.append(seq)
             sched.add(seq)
         batch = sched.schedule()
+        _check_accounts(batch)
         samplers = [it.seq for it in batch.items if it.samples]
         if overlap:  # as LLMEngine._step_overlapped: apply step t after scheduling t + 1
             sched.update({s: _token(s) for s in in_flight if s.status is not SequenceStatus.FINISHED})
@@ -63,6 +75,7 @@ def _drive(manager: type[BlockManager], seed: int, window: int | None, allocatio
             [s.request_id for s in batch.preempted],
             sorted(bm.hash_to_block.items()), list(bm.free_queue), list(bm.ref_counts),
             [(s.request_id, s.status, list(s.block_table), s.num_registered_blocks) for s in seqs],
+            batch.num_decodes, batch.num_prompt_tokens,
         ))
     return trace, sched, bm
 
@@ -79,6 +92,18 @@ def test_skipping_allocate_slots_changes_nothing(seed, window, allocation, overl
     # the workload reaches preemption (a contiguous reservation admits only what fits whole)
     assert sched.num_preemptions > 0 or allocation == "contiguous"
     assert sum(1 for t in fast if t[0]) > 100
+
+
+@pytest.mark.parametrize("budget", [3, 5])
+def test_a_tight_budget_cuts_prompts_to_single_tokens_that_ride_with_the_decodes(budget):
+    """Budgets that leave one token for a prompt chunk: such a chunk counts as a decode (it is
+    one token over a context) and its token as a prompt token; ``_check_accounts`` runs on
+    every step, and the skipping block manager still matches the one asked every step."""
+    fast, _, _ = _drive(BlockManager, 0, None, "paged", False, budget)
+    reference, _, _ = _drive(AskedEveryStep, 0, None, "paged", False, budget)
+    assert fast == reference
+    cut = [it for t in fast for it in t[0][: t[6]] if not it[3]]
+    assert cut  # one-token prompt chunks did ride among the decodes
 
 
 def test_the_promise_covers_most_decodes_and_never_a_new_block_or_an_unpublished_one():
