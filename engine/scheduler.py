@@ -100,7 +100,6 @@ class Scheduler:
         # One pass over the running sequences builds their items: single-token steps of
         # sequences with a context (decodes) in front, as the runner wants them, the rest after.
         decodes: list[ScheduledSequence] = []
-        add_decode = decodes.append
         chunks: list[ScheduledSequence] = []
         prompt_tokens = 0
         i = 0
@@ -117,18 +116,6 @@ class Scheduler:
             if num_new == 0:
                 i += 1
                 continue
-            if num_new == 1 and computed:  # a decode (or a prompt's last token): the short path
-                if num_tokens > seq.slots_ready_until and not self._allocate(seq, 1, batch.preempted):
-                    continue  # it was preempted itself, the last of the running ones
-                seq.num_computed_tokens = num_tokens
-                add_decode(make_item(ScheduledSequence, (seq, 1, computed, True)))
-                if computed < len(seq.prompt_token_ids) or seq.num_preemptions:
-                    prompt_tokens += self._prompt_tokens(seq, computed, 1)
-                    if seq.needs_prompt_logits:
-                        batch.wants_prompt_logits = True
-                budget -= 1
-                i += 1
-                continue
             if num_new > budget:
                 num_new = budget
             total = computed + num_new
@@ -137,13 +124,14 @@ class Scheduler:
                 continue  # it was preempted itself, the last of the running ones
             seq.num_computed_tokens = total
             item = make_item(ScheduledSequence, (seq, num_new, computed, total == num_tokens))
-            if num_new == 1 and computed:  # a prompt chunk cut to one token by the budget
-                add_decode(item)
+            if num_new == 1 and computed:
+                decodes.append(item)
             else:
                 chunks.append(item)
-            prompt_tokens += self._prompt_tokens(seq, computed, num_new)
-            if seq.needs_prompt_logits:
-                batch.wants_prompt_logits = True
+            if num_new > 1 or computed < len(seq.prompt_token_ids) or seq.num_preemptions:
+                prompt_tokens += self._prompt_tokens(seq, computed, num_new)
+                if seq.needs_prompt_logits:
+                    batch.wants_prompt_logits = True
             budget -= num_new
             i += 1
 
