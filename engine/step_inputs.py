@@ -66,12 +66,13 @@ def build_step_inputs(
     query_lens, context_lens = list(q_tuple), list(c_tuple)
     q_lens = np.array(query_lens, np.int64)
     ctx = np.array(context_lens, np.int64)
-    seq_lens = (ctx + q_lens).tolist()
+    lens = ctx + q_lens
+    seq_lens, max_seq_len = lens.tolist(), int(lens.max())
     rows = table_rows.rows_for(seqs)
 
     fill_at = fill_from = _NONE
     if previous is None:
-        decode_ids = [s.token_ids[c] for s, c in zip(seqs[:nd], context_lens[:nd], strict=True)]
+        decode_ids = np.array([s.token_ids[c] for s, c in zip(seqs[:nd], context_lens[:nd], strict=True)], np.int64)
     else:
         # A decode whose input is its placeholder (its token of the step in flight) reads it from
         # that step's tokens; a prompt chunk never carries one (it has not sampled yet). Only the
@@ -91,7 +92,7 @@ def build_step_inputs(
 
     # Host arithmetic in numpy: a list of ints becomes an array about ten times faster than a tensor.
     bs = block_size
-    width = -(-max(seq_lens) // bs)
+    width = -(-max_seq_len // bs)
     tables = table_rows.gather(rows, width)
     qsl = np.zeros(n + 1, np.int64)
     np.cumsum(q_lens, out=qsl[1:])
@@ -102,19 +103,23 @@ def build_step_inputs(
         positions = np.arange(num_tokens) - (qsl[:-1] - ctx)[seq_index]
         slot_mapping = tables[seq_index, positions // bs] * bs + positions % bs
 
-    sample_rows = np.flatnonzero(samples).tolist()
-    indices = (qsl[1:][sample_rows] - 1).tolist()
+    # (a tuple of bools becomes an array 2.5x faster through fromiter than through flatnonzero)
+    sample_rows = np.flatnonzero(np.fromiter(samples, bool, n))
+    indices = qsl[1:][sample_rows] - 1
     prompt_rows = []
-    for i, it in enumerate(ordered if batch.wants_prompt_logits else ()):
-        c = it.num_computed_tokens
-        wanted = prompt_logit_positions(it.seq, c, it.num_new_tokens)
-        if wanted:
-            start = int(qsl[i]) - c  # flat row of position 0 of this sequence
-            indices.extend(range(start + wanted.start, start + wanted.stop))
-            prompt_rows.append((it.seq, wanted.start, len(wanted)))
+    if batch.wants_prompt_logits:
+        prompt_indices: list[int] = []
+        for i, it in enumerate(ordered):
+            c = it.num_computed_tokens
+            wanted = prompt_logit_positions(it.seq, c, it.num_new_tokens)
+            if wanted:
+                start = int(qsl[i]) - c  # flat row of position 0 of this sequence
+                prompt_indices.extend(range(start + wanted.start, start + wanted.stop))
+                prompt_rows.append((it.seq, wanted.start, len(wanted)))
+        indices = np.concatenate([indices, np.array(prompt_indices, np.int64)])
 
-    parts = [np.array(decode_ids, np.int64), np.array(chunk_ids, np.int64), positions, slot_mapping, qsl, ctx + q_lens, ctx, tables.reshape(-1),
-             np.array(indices, np.int64), fill_at, fill_from]
+    parts = [decode_ids, np.array(chunk_ids, np.int64), positions, slot_mapping, qsl, lens, ctx,
+             tables.reshape(-1), indices, fill_at, fill_from]
     sizes = [len(p) for p in parts]
     packed = torch.from_numpy(np.concatenate(parts))
     if device.type == "cuda":
@@ -130,8 +135,8 @@ def build_step_inputs(
         block_tables=tables_d.view(n, width).to(torch.int32),
         block_size=bs,
         num_decodes=nd,
-        max_query_len=max(query_lens),
-        max_seq_len=max(seq_lens),
+        max_query_len=int(q_lens.max()),
+        max_seq_len=max_seq_len,
         query_lens_host=query_lens,
         seq_lens_host=seq_lens,
         context_lens_host=context_lens,
