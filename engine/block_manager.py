@@ -125,17 +125,20 @@ class BlockManager:
         return hits
 
     def _register(self, seq: Sequence, num_tokens: int) -> None:
-        """Publish the sequence's full blocks covering ``num_tokens`` tokens in the prefix cache.
+        """Publish in the prefix cache the sequence's full blocks that lie wholly before the block
+        of its last scheduled token (of ``num_tokens``).
 
         Called when the tokens are scheduled, before the forward pass: a request admitted
         later in the same step may map these blocks, which is safe because every layer
-        writes all of a step's keys and values before any attention reads them. Only blocks
-        past ``seq.num_registered_blocks`` are looked at, so a decode step costs O(1) here; a
-        block holding a token not sampled yet (async scheduling) waits for a later call.
+        writes all of a step's keys and values before any attention reads them. A block is
+        published once a token past it is scheduled, so a decoding sequence publishes a block
+        in the same call that gives it the next one: one call per block, not two. Only blocks
+        past ``seq.num_registered_blocks`` are looked at; a block holding a token not sampled
+        yet (async scheduling) waits for a later call.
         """
         if not self.enable_prefix_caching:
             return
-        num_full = min(num_tokens, seq.num_tokens - seq.num_pending_tokens) // self.block_size
+        num_full = min(num_tokens - 1, len(seq.token_ids) - seq.num_pending_tokens) // self.block_size
         first = seq.num_registered_blocks
         if num_full <= first:
             return
@@ -210,7 +213,7 @@ class BlockManager:
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Make room for the next ``num_new_tokens`` tokens; False if the pool is too full.
         Nothing to do while they stay within ``seq.slots_ready_until``: the scheduler skips the
-        call then (14 of 16 decode steps: a block boundary costs one call to publish, one to add)."""
+        call then (15 of 16 decode steps: the call that adds a block publishes the one before)."""
         total = seq.num_computed_tokens + num_new_tokens
         if total <= seq.slots_ready_until:
             return True
@@ -227,14 +230,15 @@ class BlockManager:
 
     def _set_slots_ready(self, seq: Sequence) -> None:
         """``seq.slots_ready_until``: the most tokens it can hold with no block to add and none
-        to publish (the last block fills at ``(num_registered_blocks + 1) * block_size``); with a
-        sliding window every step may give blocks back, so 0."""
+        to publish (a token past block ``num_registered_blocks`` publishes it; paged, that is the
+        token that needs the next block); with a sliding window every step may give blocks back,
+        so 0."""
         if self.window is not None:
             seq.slots_ready_until = 0
             return
         limit = len(seq.block_table) * self.block_size
         if self.enable_prefix_caching:
-            limit = min(limit, (seq.num_registered_blocks + 1) * self.block_size - 1)
+            limit = min(limit, (seq.num_registered_blocks + 1) * self.block_size)
         seq.slots_ready_until = limit
 
     def _release_out_of_window(self, seq: Sequence) -> None:

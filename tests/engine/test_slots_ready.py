@@ -106,24 +106,54 @@ def test_a_tight_budget_cuts_prompts_to_single_tokens_that_ride_with_the_decodes
     assert cut  # one-token prompt chunks did ride among the decodes
 
 
-def test_the_promise_covers_most_decodes_and_never_a_new_block_or_an_unpublished_one():
+def test_the_promise_covers_every_decode_but_the_one_that_needs_a_block():
     bm = BlockManager(num_blocks=8, block_size=4)
     seq = Sequence("a", [5, 6, 7, 8, 9], SamplingParams(max_tokens=20, temperature=0))
     assert bm.admit(seq, [], 5)
     seq.num_computed_tokens = 5
-    # two blocks held, the first published: up to 8 tokens need no call (the second fills at 8)
-    assert (len(seq.block_table), seq.num_registered_blocks, seq.slots_ready_until) == (2, 1, 7)
+    # two blocks held, the first published: up to 8 tokens need no call
+    assert (len(seq.block_table), seq.num_registered_blocks, seq.slots_ready_until) == (2, 1, 8)
     seq.token_ids += [10, 11, 12]
     seq.num_computed_tokens = 7
-    assert bm.allocate_slots(seq, 1)  # the 8th token fills block 2: it is published
-    assert (seq.num_registered_blocks, seq.slots_ready_until) == (2, 8)
+    assert bm.allocate_slots(seq, 1)  # the 8th token fills the second block: it is the last, not published
+    assert (seq.num_registered_blocks, seq.slots_ready_until, len(bm.hash_to_block)) == (1, 8, 1)
     seq.num_computed_tokens = 8
     seq.token_ids.append(13)
-    assert bm.allocate_slots(seq, 1)  # the 9th needs a third block
-    assert (len(seq.block_table), seq.slots_ready_until) == (3, 11)
+    assert bm.allocate_slots(seq, 1)  # the 9th needs a third block; the call publishes the second
+    assert (len(seq.block_table), seq.num_registered_blocks, seq.slots_ready_until) == (3, 2, 12)
+    assert bm.hash_to_block[seq.block_hashes[1]] == seq.block_table[1]
     bm.free(seq)
     assert seq.slots_ready_until == 0
     unpublished = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
     other = Sequence("b", [5, 6, 7, 8, 9], SamplingParams(max_tokens=20, temperature=0))
     assert unpublished.admit(other, [], 5)
     assert other.slots_ready_until == 8  # nothing is published: only the held blocks bound it
+
+
+def test_a_contiguous_table_still_calls_once_a_block_to_publish():
+    """A contiguous reservation never needs a block, so the block to publish bounds the promise."""
+    bm = BlockManager(num_blocks=8, block_size=4, allocation="contiguous")
+    seq = Sequence("a", [5, 6, 7, 8, 9], SamplingParams(max_tokens=11, temperature=0))
+    seq.max_total_tokens = 16
+    assert bm.admit(seq, [], 5)
+    seq.num_computed_tokens = 5
+    assert (len(seq.block_table), seq.num_registered_blocks, seq.slots_ready_until) == (4, 1, 8)
+    seq.token_ids += [10, 11, 12, 13]
+    seq.num_computed_tokens = 8
+    assert bm.allocate_slots(seq, 1)  # a token past the second block publishes it
+    assert (len(seq.block_table), seq.num_registered_blocks, seq.slots_ready_until) == (4, 2, 12)
+
+
+def test_a_block_is_published_once_a_token_past_it_is_scheduled():
+    """Synchronous and async (the last token a placeholder) alike: the block that a step's last
+    token fills waits for the next step, which needs the next block and publishes it then."""
+    for pending in (0, 1):
+        bm = BlockManager(num_blocks=8, block_size=4)
+        seq = Sequence("a", list(range(10, 18)), SamplingParams(max_tokens=20, temperature=0))
+        assert bm.admit(seq, [], 8)  # two full blocks: the last holds the last scheduled token
+        assert seq.num_registered_blocks == 1 and len(bm.hash_to_block) == 1
+        seq.num_computed_tokens = 8
+        seq.token_ids.append(PLACEHOLDER if pending else 18)
+        seq.num_pending_tokens = pending
+        assert seq.slots_ready_until == 8 and bm.allocate_slots(seq, 1)
+        assert seq.num_registered_blocks == 2 and len(bm.hash_to_block) == 2
