@@ -8,7 +8,7 @@ import torch
 
 from engine.kv_cache import blocks_from_cuda_memory
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch, ScheduledSequence
+from engine.scheduled_batch import ScheduledBatch, ScheduledSequence
 from engine.sequence import Sequence
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def profile_cuda_blocks(
         seq.block_table = list(range(first_block, first_block + nb))
         seq.block_table_version += 1
         first_block += nb
-        batch.items.append(ScheduledSequence(seq, n, 0, samples=True))
+        batch.append(ScheduledSequence(seq, n, 0, samples=True))
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(dev)
     runner.execute(batch)

@@ -21,7 +21,8 @@ from engine.outputs import RequestOutput
 from engine.request_intake import RequestError, RequestIntake, sampling_params
 from engine.request_state import RequestState
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch, Scheduler
+from engine.scheduled_batch import ScheduledBatch
+from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
 from engine.stats import EngineStats
 from engine.step_inputs import PLACEHOLDER
@@ -190,8 +191,7 @@ class LLMEngine:
                     seq.num_pending_tokens = 1
             self._in_flight = launched
         elif batch:
-            batch.items = [it for it in batch.items if not it.seq.is_finished]  # stopped at step t
-            batch.num_decodes = None
+            batch.keep([not seq.is_finished for seq in batch.seqs])  # stopped at step t
             if batch:
                 self._run_now(batch, finished)
         return finished
@@ -200,7 +200,7 @@ class LLMEngine:
         if self.fault_injector is not None or batch.wants_prompt_logits:
             return False
         return not self._host_bound or all(
-            it.seq.matcher is None and it.seq.logprobs is None and not it.seq.pending_forks for it in batch.items
+            seq.matcher is None and seq.logprobs is None and not seq.pending_forks for seq in batch.seqs
         )
 
     def _collect(self, step: InFlightStep, finished: list[RequestOutput]) -> None:
@@ -271,8 +271,8 @@ class LLMEngine:
         except Exception as batch_error:
             # Blocks published this step may hold keys that were never written.
             self.block_manager.forget_sequences(batch.seqs)
-            if len(batch.items) == 1:
-                self._fail(batch.items[0].seq, batch_error, finished)
+            if len(batch) == 1:
+                self._fail(batch.seqs[0], batch_error, finished)
                 return StepLogits()
         parts = []
         poisoned: set[int] = set()  # blocks of failed requests: their keys were never written
@@ -284,7 +284,7 @@ class LLMEngine:
                 self.scheduler.preempt(seq)  # it mapped a failed request's prefix this step: recompute
                 continue
             try:
-                alone = ScheduledBatch(batch.step, [item], wants_prompt_logits=batch.wants_prompt_logits)
+                alone = ScheduledBatch.of(batch.step, [item], wants_prompt_logits=batch.wants_prompt_logits)
                 parts.append(self._run(alone))
             except Exception as error:
                 poisoned.update(b for b in seq.block_table if b != RELEASED)

@@ -17,7 +17,7 @@ from engine.kv_cache import allocate_kv_pool, blocks_from_budget, bytes_per_bloc
 from engine.mixed_graphs import MixedGraphs, capture_mixed_graphs
 from engine.models.llama import LlamaForCausalLM
 from engine.sampler import sample
-from engine.scheduler import ScheduledBatch
+from engine.scheduled_batch import ScheduledBatch
 from engine.sequence import Sequence
 from engine.step_inputs import StepInputs, build_step_inputs, token_rows_by_table_row
 

@@ -13,49 +13,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from engine.block_manager import BlockManager
+from engine.scheduled_batch import ScheduledBatch, ScheduledSequence
 from engine.sequence import Sequence, SequenceStatus
 from engine.stopping import StopConditions
 
 SCHEDULING_POLICIES = ("continuous", "static")
-
-
-class ScheduledSequence(NamedTuple):
-    """One sequence's share of a step: its next ``num_new_tokens`` tokens, starting after the
-    ``num_computed_tokens`` already in the KV cache. ``samples``: the step reaches its last
-    token, so its logits pick the next one (a prompt chunk short of the end does not).
-    A named tuple: a thousand of them are built every step."""
-
-    seq: Sequence
-    num_new_tokens: int
-    num_computed_tokens: int
-    samples: bool
-
-
-@dataclass
-class ScheduledBatch:
-    """One step's work in batch order, what the model runner consumes. ``schedule()`` has
-    already counted its tokens as computed (as vLLM v1 does), so everything after the forward
-    pass sees the step's result; the runner reads where each sequence starts from the items."""
-
-    step: int
-    items: list[ScheduledSequence] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    wants_prompt_logits: bool = False  # some sequence asks for prompt logprobs in this chunk
-    num_prompt_tokens: int = 0  # tokens of this step that (re)compute a prompt or a preempted output
-    # items[:num_decodes] are the single-token steps over a context (the scheduler puts them
-    # first); None: items in any order (the runner sorts them)
-    num_decodes: int | None = None
-
-    @property
-    def seqs(self) -> list[Sequence]:
-        return [it.seq for it in self.items]
-
-    def __bool__(self) -> bool:
-        return bool(self.items)
 
 
 class Scheduler:
@@ -96,11 +60,10 @@ class Scheduler:
         self.step_count += 1
         batch = ScheduledBatch(step=self.step_count)
         budget = self.max_num_batched_tokens
-        make_item = tuple.__new__  # ScheduledSequence(...) without its Python-level __new__
-        # One pass over the running sequences builds their items: single-token steps of
+        # One pass over the running sequences builds the step's columns: single-token steps of
         # sequences with a context (decodes) in front, as the runner wants them, the rest after.
-        decodes: list[ScheduledSequence] = []
-        chunks: list[ScheduledSequence] = []
+        seqs, computeds, samples = batch.seqs, batch.num_computed_tokens, batch.samples
+        chunks = ScheduledBatch(0)
         prompt_tokens = 0
         i = 0
         running = self.running
@@ -123,11 +86,12 @@ class Scheduler:
             if total > seq.slots_ready_until and not self._allocate(seq, num_new, batch.preempted):
                 continue  # it was preempted itself, the last of the running ones
             seq.num_computed_tokens = total
-            item = make_item(ScheduledSequence, (seq, num_new, computed, total == num_tokens))
-            if num_new == 1 and computed:
-                decodes.append(item)
+            if num_new == 1 and computed:  # a decode (is_decode): three appends, no object
+                seqs.append(seq)
+                computeds.append(computed)
+                samples.append(total == num_tokens)
             else:
-                chunks.append(item)
+                chunks.append(ScheduledSequence(seq, num_new, computed, total == num_tokens))
             if num_new > 1 or computed < len(seq.prompt_token_ids) or seq.num_preemptions:
                 prompt_tokens += self._prompt_tokens(seq, computed, num_new)
                 if seq.needs_prompt_logits:
@@ -145,8 +109,12 @@ class Scheduler:
                 prompt_tokens += self._prompt_tokens(seq, computed, num_new)
                 if seq.needs_prompt_logits:
                     batch.wants_prompt_logits = True
-        batch.items = decodes + chunks if chunks else decodes
-        batch.num_decodes = len(decodes)
+        batch.num_decodes = len(seqs)
+        batch.num_new_tokens = [1] * len(seqs) + chunks.num_new_tokens
+        if chunks:
+            seqs += chunks.seqs
+            computeds += chunks.num_computed_tokens
+            samples += chunks.samples
         batch.num_prompt_tokens = prompt_tokens
         return batch
 

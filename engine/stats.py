@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.block_manager import BlockManager
-from engine.scheduler import ScheduledBatch, Scheduler
+from engine.scheduled_batch import ScheduledBatch
+from engine.scheduler import Scheduler
 
 
 @dataclass

@@ -18,7 +18,7 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.block_table_rows import BlockTableRows
-from engine.scheduler import ScheduledBatch
+from engine.scheduled_batch import ScheduledBatch
 from engine.sequence import Sequence
 
 PLACEHOLDER = -1  # token id standing for a token the device is still sampling
@@ -55,15 +55,9 @@ def build_step_inputs(
     ``previous`` gives, per ``table_rows`` row, the row of ``previous_tokens`` (on the device)
     that the step still in flight sampled for that row's sequence (-1: none): a placeholder fed
     this step is filled from there."""
-    ordered, nd = batch.items, batch.num_decodes
-    if nd is None:  # not built by the scheduler: put the decodes first here
-        decodes = [it for it in ordered if it.num_new_tokens == 1 and it.num_computed_tokens > 0]
-        ordered = decodes + [it for it in ordered if not (it.num_new_tokens == 1 and it.num_computed_tokens > 0)]
-        nd = len(decodes)
-    n = len(ordered)
-    # One transpose in C instead of a Python pass per field (ScheduledSequence is a NamedTuple).
-    seqs, q_tuple, c_tuple, samples = zip(*ordered, strict=True)
-    query_lens, context_lens = list(q_tuple), list(c_tuple)
+    batch = batch.decodes_first()  # the scheduler's batches already are
+    nd, n = batch.num_decodes, len(batch)
+    seqs, query_lens, context_lens, samples = batch.seqs, batch.num_new_tokens, batch.num_computed_tokens, batch.samples
     q_lens = np.array(query_lens, np.int64)
     ctx = np.array(context_lens, np.int64)
     lens = ctx + q_lens
@@ -103,19 +97,18 @@ def build_step_inputs(
         positions = np.arange(num_tokens) - (qsl[:-1] - ctx)[seq_index]
         slot_mapping = tables[seq_index, positions // bs] * bs + positions % bs
 
-    # (a tuple of bools becomes an array 2.5x faster through fromiter than through flatnonzero)
+    # (a list of bools becomes an array 2.5x faster through fromiter than through flatnonzero)
     sample_rows = np.flatnonzero(np.fromiter(samples, bool, n))
     indices = qsl[1:][sample_rows] - 1
     prompt_rows = []
     if batch.wants_prompt_logits:
         prompt_indices: list[int] = []
-        for i, it in enumerate(ordered):
-            c = it.num_computed_tokens
-            wanted = prompt_logit_positions(it.seq, c, it.num_new_tokens)
+        for i, (seq, q, c) in enumerate(zip(seqs, query_lens, context_lens, strict=True)):
+            wanted = prompt_logit_positions(seq, c, q)
             if wanted:
                 start = int(qsl[i]) - c  # flat row of position 0 of this sequence
                 prompt_indices.extend(range(start + wanted.start, start + wanted.stop))
-                prompt_rows.append((it.seq, wanted.start, len(wanted)))
+                prompt_rows.append((seq, wanted.start, len(wanted)))
         indices = np.concatenate([indices, np.array(prompt_indices, np.int64)])
 
     parts = [decode_ids, np.array(chunk_ids, np.int64), positions, slot_mapping, qsl, lens, ctx,

@@ -185,6 +185,6 @@ def test_a_sequence_preempted_while_its_stop_token_is_in_flight_finishes_from_th
     sched.schedule()
     _pending(a)
     sched.preempt(a)
-    assert a in sched.waiting and sched.schedule().items == []  # not admitted before its token lands
+    assert a in sched.waiting and sched.schedule().items == ()  # not admitted before its token lands
     assert sched.update({a: EOS}) == [a]
     assert a.finish_reason == "stop" and a not in sched.waiting and not sched.has_unfinished()
