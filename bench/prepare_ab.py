@@ -6,6 +6,9 @@ is loaded beside the current one, both build the inputs of one 1,024-sequence mi
 host-overhead engine and stub model, prefix caching on), alternating call by call and swapping
 which goes first every pair; the figure is the median ratio of the pairs. Steady state: the
 block-table rows are already in step, so the rows' copies are not in it (the same in both trees).
+Both trees must read the batch the same way: the batch comes from the current scheduler, so a
+before tree older than the columnar ``ScheduledBatch`` (fd4b409) pays for building ``items`` on
+read. Across such a change use ``step_host_ab.py``, which runs each tree's own scheduler.
 
     PYTHONPATH=$PWD .venv/bin/python bench/prepare_ab.py --before /tmp/base --out bench/published
 """
@@ -13,7 +16,6 @@ block-table rows are already in step, so the rows' copies are not in it (the sam
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import tempfile
@@ -27,17 +29,10 @@ import host_overhead  # noqa: E402
 import numpy as np  # noqa: E402
 import sysinfo  # noqa: E402
 import torch  # noqa: E402
+import tree_modules  # noqa: E402
 
 from engine import step_inputs  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-
-
-def load_module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
 
 
 def mixed_step(size: int):
@@ -69,7 +64,7 @@ def main() -> None:
     torch.set_num_threads(1)
     info = sysinfo.cpu_info()
     print(sysinfo.describe(info), flush=True)
-    before = load_module("before_step_inputs", Path(args.before) / "engine" / "step_inputs.py")
+    (before,) = tree_modules.load_before(args.before, "step_inputs")
     engine, batch = mixed_step(args.size)
     runner, nd = engine.runner, batch.num_decodes
     decodes = [it.seq for it in batch.items[:nd]]

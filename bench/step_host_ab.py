@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import random
 import statistics
 import sys
@@ -28,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import sysinfo  # noqa: E402
 import torch  # noqa: E402
+import tree_modules  # noqa: E402
 
 from engine import block_manager, scheduler, step_inputs  # noqa: E402
 from engine.block_table_rows import BlockTableRows  # noqa: E402
@@ -37,14 +37,6 @@ from engine.stopping import StopConditions  # noqa: E402
 
 BLOCK_SIZE = 16
 CPU = torch.device("cpu")
-
-
-def load_module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
 
 
 class Side:
@@ -89,10 +81,7 @@ def main() -> None:
     torch.set_num_threads(1)
     info = sysinfo.cpu_info()
     print(sysinfo.describe(info), flush=True)
-    root = Path(args.before) / "engine"
-    before = (load_module("before_scheduler", root / "scheduler.py"),
-              load_module("before_block_manager", root / "block_manager.py"),
-              load_module("before_step_inputs", root / "step_inputs.py"))
+    before = tree_modules.load_before(args.before, "scheduler", "block_manager", "step_inputs")
     after = (scheduler, block_manager, step_inputs)
     results = {}
     with torch.inference_mode():
