@@ -125,20 +125,24 @@ class BlockManager:
         return hits
 
     def _register(self, seq: Sequence, num_tokens: int) -> None:
-        """Publish in the prefix cache the sequence's full blocks that lie wholly before the block
-        of its last scheduled token (of ``num_tokens``).
+        """Publish in the prefix cache the sequence's blocks that ``num_tokens`` scheduled tokens
+        fill: a block of prompt tokens as soon as it is full, any other once a token past it is
+        scheduled.
 
         Called when the tokens are scheduled, before the forward pass: a request admitted
         later in the same step may map these blocks, which is safe because every layer
-        writes all of a step's keys and values before any attention reads them. A block is
-        published once a token past it is scheduled, so a decoding sequence publishes a block
-        in the same call that gives it the next one: one call per block, not two. Only blocks
+        writes all of a step's keys and values before any attention reads them. A prompt's
+        blocks are all published at admission (a prompt that ends on a block boundary too, and
+        one that asks for a single token: it finishes before any later call). A block that
+        decodes fill waits for the token past it, so the call that gives a decoding sequence
+        its next block publishes the one before: one call per block, not two. Only blocks
         past ``seq.num_registered_blocks`` are looked at; a block holding a token not sampled
         yet (async scheduling) waits for a later call.
         """
         if not self.enable_prefix_caching:
             return
-        num_full = min(num_tokens - 1, len(seq.token_ids) - seq.num_pending_tokens) // self.block_size
+        scheduled = max(min(num_tokens, len(seq.prompt_token_ids)), num_tokens - 1)
+        num_full = min(scheduled, len(seq.token_ids) - seq.num_pending_tokens) // self.block_size
         first = seq.num_registered_blocks
         if num_full <= first:
             return
@@ -230,15 +234,16 @@ class BlockManager:
 
     def _set_slots_ready(self, seq: Sequence) -> None:
         """``seq.slots_ready_until``: the most tokens it can hold with no block to add and none
-        to publish (a token past block ``num_registered_blocks`` publishes it; paged, that is the
-        token that needs the next block); with a sliding window every step may give blocks back,
-        so 0."""
+        to publish (``_register``'s rule for block ``num_registered_blocks``: filled, if it holds
+        prompt tokens only, else passed; paged, passing a block is needing the next); with a
+        sliding window every step may give blocks back, so 0."""
         if self.window is not None:
             seq.slots_ready_until = 0
             return
         limit = len(seq.block_table) * self.block_size
         if self.enable_prefix_caching:
-            limit = min(limit, (seq.num_registered_blocks + 1) * self.block_size)
+            end = (seq.num_registered_blocks + 1) * self.block_size  # where the next block to publish ends
+            limit = min(limit, end - 1 if end <= len(seq.prompt_token_ids) else end)
         seq.slots_ready_until = limit
 
     def _release_out_of_window(self, seq: Sequence) -> None:

@@ -144,16 +144,40 @@ def test_a_contiguous_table_still_calls_once_a_block_to_publish():
     assert (len(seq.block_table), seq.num_registered_blocks, seq.slots_ready_until) == (4, 2, 12)
 
 
-def test_a_block_is_published_once_a_token_past_it_is_scheduled():
+def test_a_block_that_decodes_fill_is_published_once_a_token_past_it_is_scheduled():
     """Synchronous and async (the last token a placeholder) alike: the block that a step's last
-    token fills waits for the next step, which needs the next block and publishes it then."""
+    decode fills waits for the next step, which needs the next block and publishes it then."""
     for pending in (0, 1):
         bm = BlockManager(num_blocks=8, block_size=4)
-        seq = Sequence("a", list(range(10, 18)), SamplingParams(max_tokens=20, temperature=0))
-        assert bm.admit(seq, [], 8)  # two full blocks: the last holds the last scheduled token
-        assert seq.num_registered_blocks == 1 and len(bm.hash_to_block) == 1
-        seq.num_computed_tokens = 8
+        seq = Sequence("a", list(range(10, 15)), SamplingParams(max_tokens=20, temperature=0))
+        assert bm.admit(seq, [], 5)  # the prompt's full block is published, the second holds one prompt token
+        seq.num_computed_tokens = 5
+        seq.token_ids += [15, 16, 17]
+        seq.num_computed_tokens = 8  # decodes filled the second block (no call: the promise covered them)
+        assert seq.slots_ready_until == 8 and seq.num_registered_blocks == 1
         seq.token_ids.append(PLACEHOLDER if pending else 18)
         seq.num_pending_tokens = pending
-        assert seq.slots_ready_until == 8 and bm.allocate_slots(seq, 1)
+        assert bm.allocate_slots(seq, 1)  # the 9th token needs a third block
         assert seq.num_registered_blocks == 2 and len(bm.hash_to_block) == 2
+
+
+@pytest.mark.parametrize("same_step", [True, False])
+def test_a_prompt_ending_on_a_block_boundary_publishes_all_its_blocks_at_admission(same_step):
+    """A one-token request whose prompt fills two blocks finishes before any later call: both of
+    its blocks serve a longer prompt that starts with it, in its step or after it finished."""
+    bm = BlockManager(num_blocks=64, block_size=16)
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=512)
+    prompt = list(range(100, 132))
+    first = Sequence("a", prompt, SamplingParams(max_tokens=1, temperature=0))
+    longer = Sequence("b", prompt + list(range(200, 216)), SamplingParams(max_tokens=4, temperature=0))
+    sched.add(first)
+    if same_step:
+        sched.add(longer)
+    batch = sched.schedule()
+    assert len(bm.hash_to_block) == (3 if same_step else 2)
+    sched.update({it.seq: 7 for it in batch.items if it.samples})
+    assert first.is_finished
+    if not same_step:
+        sched.add(longer)
+        sched.schedule()
+    assert longer.num_cached_prompt_tokens == 32
