@@ -158,6 +158,14 @@ class BlockManager:
             self.hash_to_block[h] = block
         seq.num_registered_blocks = num_full
 
+    def publish_computed(self, seq: Sequence) -> None:
+        """Publish every full block of the sequence's computed tokens: it is ending (stopped, or
+        drained at its length limit) and makes no later call, so a block its last decodes filled
+        would otherwise go unpublished. Only for a sequence whose steps succeeded: a failed
+        step's blocks hold keys that were never written (``forget_sequences``)."""
+        if seq.block_table:
+            self._register(seq, seq.num_computed_tokens + 1)
+
     def forget_sequences(self, seqs: Seq[Sequence]) -> None:
         """Forget the blocks of sequences whose step failed; they publish them again once recomputed."""
         for seq in seqs:

@@ -181,6 +181,8 @@ class Scheduler:
                 seq.token_ids.append(token)
             reason = finish_reason(seq, token)
             if reason is not None:
+                if seq.status is SequenceStatus.RUNNING:  # (a drained one published as it drained)
+                    self.block_manager.publish_computed(seq)
                 self.finish(seq, reason)
                 finished.append(seq)
         return finished
@@ -188,7 +190,9 @@ class Scheduler:
     def _drain(self, seq: Sequence) -> None:
         """The in-flight token ends it: free its batch slot and blocks for this very schedule, as
         the synchronous engine would have. Its KV writes still queued on the device come before
-        any later step's, so a new owner of the blocks is not disturbed."""
+        any later step's, so a new owner of the blocks is not disturbed (nor a request that maps
+        a block published here)."""
+        self.block_manager.publish_computed(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.DRAINING
 

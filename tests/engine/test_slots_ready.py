@@ -181,3 +181,36 @@ def test_a_prompt_ending_on_a_block_boundary_publishes_all_its_blocks_at_admissi
         sched.add(longer)
         sched.schedule()
     assert longer.num_cached_prompt_tokens == 32
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_sequence_ending_as_its_decodes_fill_a_block_publishes_it(overlap):
+    """Its last decode fills a block and it stops (synchronous: at ``update``; async: drained at
+    its length limit while that token is in flight): no later call would publish the block, so
+    ending does, and a prompt that continues its text hits both blocks."""
+    bm = BlockManager(num_blocks=32, block_size=4)
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    first = Sequence("a", [10, 11, 12, 13], SamplingParams(max_tokens=5, temperature=0))
+    sched.add(first)
+    tokens = iter([20, 21, 22, 23, 24])
+    in_flight: list[Sequence] = []
+    in_flight_token = 0
+    for _ in range(7):
+        batch = sched.schedule()
+        sampling = [s for s, samples in zip(batch.seqs, batch.samples, strict=True) if samples]
+        if not overlap:
+            sched.update({s: next(tokens) for s in sampling})
+            continue
+        if in_flight:  # the step before lands after this one is scheduled
+            sched.update({s: in_flight_token for s in in_flight if not s.is_finished})
+        in_flight = [s for s in sampling if not s.is_finished]
+        in_flight_token = next(tokens, 99)
+        for s in in_flight:
+            s.token_ids.append(PLACEHOLDER)
+            s.num_pending_tokens = 1
+    assert first.is_finished and first.output_token_ids == [20, 21, 22, 23, 24]
+    assert len(bm.hash_to_block) == 2  # the prompt's block and the one decodes filled
+    longer = Sequence("b", [10, 11, 12, 13, 20, 21, 22, 23, 30, 31], SamplingParams(max_tokens=2, temperature=0))
+    sched.add(longer)
+    sched.schedule()
+    assert longer.num_cached_prompt_tokens == 8
