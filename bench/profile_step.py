@@ -26,6 +26,7 @@ import workload as workload_mod  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
 from engine.model_registry import DEFAULT_MODEL  # noqa: E402
+from engine.scheduled_batch import is_decode  # noqa: E402
 
 
 def main() -> None:
@@ -118,8 +119,8 @@ def instrument(llm: LLM) -> tuple[dict[str, float], list[tuple[int, int, float]]
         try:
             return execute(batch)
         finally:
-            decodes = sum(1 for it in batch.items if it.num_new_tokens == 1 and it.num_computed_tokens > 0)
-            prompt = sum(it.num_new_tokens for it in batch.items) - decodes
+            decodes = sum(map(is_decode, batch.num_new_tokens, batch.num_computed_tokens))
+            prompt = sum(batch.num_new_tokens) - decodes
             steps.append((decodes, prompt, time.perf_counter() - t))
 
     runner.execute = timed_execute

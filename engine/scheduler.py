@@ -63,7 +63,7 @@ class Scheduler:
         # One pass over the running sequences builds the step's columns: single-token steps of
         # sequences with a context (decodes) in front, as the runner wants them, the rest after.
         seqs, computeds, samples = batch.seqs, batch.num_computed_tokens, batch.samples
-        chunks = ScheduledBatch(0)
+        chunks: list[ScheduledSequence] = []  # prompt chunks and admissions, after the decodes
         prompt_tokens = 0
         i = 0
         running = self.running
@@ -110,11 +110,9 @@ class Scheduler:
                 if seq.needs_prompt_logits:
                     batch.wants_prompt_logits = True
         batch.num_decodes = len(seqs)
-        batch.num_new_tokens = [1] * len(seqs) + chunks.num_new_tokens
-        if chunks:
-            seqs += chunks.seqs
-            computeds += chunks.num_computed_tokens
-            samples += chunks.samples
+        batch.num_new_tokens = [1] * len(seqs)
+        for item in chunks:
+            batch.append(item)
         batch.num_prompt_tokens = prompt_tokens
         return batch
 
