@@ -50,7 +50,7 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
-        seq.max_total_tokens = self.stop.length_limit(seq)
+        self.stop.attach(seq)
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
@@ -172,11 +172,15 @@ class Scheduler:
         finished = []
         finish_reason = self.stop.finish_reason
         for seq, token in sampled.items():
+            ids = seq.token_ids
             if seq.num_pending_tokens:
-                seq.token_ids[-1] = token  # the placeholder the next step was scheduled with
+                ids[-1] = token  # the placeholder the next step was scheduled with
                 seq.num_pending_tokens = 0
             else:
-                seq.token_ids.append(token)
+                ids.append(token)
+            ending = seq.ending_token_ids
+            if ending is not None and token not in ending and len(ids) < seq.max_total_tokens:
+                continue  # what finish_reason would say (None), without the call
             reason = finish_reason(seq, token)
             if reason is not None:
                 if seq.status is SequenceStatus.RUNNING:  # (a drained one published as it drained)
@@ -198,7 +202,7 @@ class Scheduler:
         """Run ``child`` alongside ``parent`` from the parent's computed prompt: it shares the
         parent's full blocks, and gets a fresh one for the partial block whose contents the
         caller copies (the returned ``(source, destination)``; None when nothing to copy)."""
-        child.max_total_tokens = self.stop.length_limit(child)
+        self.stop.attach(child)
         pair = self.block_manager.fork(parent, child)
         child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
         child.first_scheduled_step = parent.first_scheduled_step

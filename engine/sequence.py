@@ -56,6 +56,9 @@ class Sequence:
     first_scheduled_step: int | None = None
     finished_step: int | None = None
     max_total_tokens: int = 0  # prompt + max_tokens, capped by the model's context
+    # set by StopConditions.attach: the token ids that end it when only they and its length can
+    # (EOS unless ignored); None: every token goes through StopConditions.finish_reason
+    ending_token_ids: frozenset[int] | None = None
     sample_index: int = 0  # which of the request's n samples
     pending_forks: int = 0  # samples still to be forked from this one after its prompt is computed
     logprobs: list[Any] | None = None  # per generated token, when the request asks for logprobs

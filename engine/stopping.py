@@ -45,8 +45,17 @@ class StopConditions:
             return "length"
         return None
 
+    def attach(self, seq: Sequence) -> None:
+        """Store on a sequence entering the scheduler what its every-token check needs:
+        ``max_total_tokens`` and, when nothing but EOS and its length can end it (no grammar,
+        stop token ids or stop strings), ``ending_token_ids``, so that ``Scheduler.update``
+        decides the common token without calling ``finish_reason``."""
+        seq.max_total_tokens = self.length_limit(seq)
+        p = seq.params
+        plain = seq.matcher is None and not p.stop_token_ids and not p.stop
+        seq.ending_token_ids = (frozenset() if p.ignore_eos else self.eos_token_ids) if plain else None
+
     def length_limit(self, seq: Sequence) -> int:
         """How many tokens (prompt and outputs) the sequence may reach: its ``max_tokens``
-        outputs, or the model's context. The scheduler stores it as ``seq.max_total_tokens``
-        when the sequence arrives."""
+        outputs, or the model's context (``attach`` stores it as ``seq.max_total_tokens``)."""
         return min(len(seq.prompt_token_ids) + seq.params.max_tokens, self.max_model_len)

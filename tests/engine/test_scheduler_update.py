@@ -188,3 +188,46 @@ def test_a_sequence_preempted_while_its_stop_token_is_in_flight_finishes_from_th
     assert a in sched.waiting and sched.schedule().items == ()  # not admitted before its token lands
     assert sched.update({a: EOS}) == [a]
     assert a.finish_reason == "stop" and a not in sched.waiting and not sched.has_unfinished()
+
+
+def test_a_sequence_entering_stores_the_tokens_that_can_end_it_when_only_they_can():
+    """``ending_token_ids`` lets update decide most tokens without finish_reason; any other stop
+    (grammar, stop token ids, stop strings) leaves it None so that every token is asked."""
+    sched = scheduler(eos_token_ids=frozenset({EOS, 3}))
+    plain, ignoring = make_seq("a", [1]), make_seq("b", [1], ignore_eos=True)
+    stop_ids, stop_text = make_seq("c", [1], stop_token_ids=[9]), make_seq("d", [1], stop=["x"])
+    grammar = make_seq("e", [1])
+    grammar.matcher = object()  # what intake sets for a structured-output request
+    for seq in (plain, ignoring, stop_ids, stop_text, grammar):
+        sched.add(seq)
+    assert [s.ending_token_ids for s in (plain, ignoring, stop_ids, stop_text, grammar)] == [
+        frozenset({EOS, 3}), frozenset(), None, None, None]
+    assert plain.max_total_tokens == 5
+
+
+def test_update_stops_the_same_sequences_with_and_without_the_stored_ending_tokens():
+    """Differential: the same random steps through update's shortcut and through finish_reason
+    for every token stop the same sequences at the same step for the same reason."""
+    import random
+
+    runs = []
+    for shortcut in (True, False):
+        sched = scheduler(num_blocks=400, eos_token_ids=frozenset({EOS, 7}), max_model_len=30)
+        sched.max_num_seqs = 40
+        seqs = []
+        for i in range(40):
+            r = random.Random(i)
+            params = {"max_tokens": r.randrange(1, 20), "ignore_eos": r.random() < 0.3}
+            if r.random() < 0.2:
+                params["stop_token_ids"] = [r.randrange(3, 12)]
+            seqs.append(make_seq(str(i), [1] * r.randrange(1, 12), **params))
+            sched.add(seqs[-1])
+            if not shortcut:
+                seqs[-1].ending_token_ids = None
+        tokens = random.Random(5)
+        while sched.has_unfinished():
+            batch = sched.schedule()
+            sched.update({it.seq: tokens.randrange(2, 12) for it in batch.items if it.samples})
+        runs.append([(s.finish_reason, s.finished_step, s.output_token_ids) for s in seqs])
+    assert runs[0] == runs[1]
+    assert {r for r, _, _ in runs[0]} == {"stop", "length"}
