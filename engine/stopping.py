@@ -49,7 +49,8 @@ class StopConditions:
         """Store on a sequence entering the scheduler what its every-token check needs:
         ``max_total_tokens`` and, when nothing but EOS and its length can end it (no grammar,
         stop token ids or stop strings), ``ending_token_ids``, so that ``Scheduler.update``
-        decides the common token without calling ``finish_reason``."""
+        decides the common token without calling ``finish_reason``. Like the length limit, read
+        once: a request's parameters are not changed after it is added."""
         seq.max_total_tokens = self.length_limit(seq)
         p = seq.params
         plain = seq.matcher is None and not p.stop_token_ids and not p.stop
