@@ -8,6 +8,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from engine.config import EngineConfig
+from engine.host import objects_frozen_during_call
 from engine.llm_engine import LLMEngine, RequestError
 from engine.model_registry import DEFAULT_MODEL
 from engine.outputs import RequestOutput
@@ -35,7 +36,13 @@ class LLM:
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Outputs in input order. A request that cannot run comes back with ``error`` set
-        and ``finish_reason == "error"``; the others still complete."""
+        and ``finish_reason == "error"``; the others still complete. The objects alive before
+        the call stay out of the cyclic collector's walks until it returns (``engine.host``)."""
+        with objects_frozen_during_call():
+            return self._generate(prompts, sampling_params, use_tqdm)
+
+    def _generate(self, prompts: Seq[Prompt], sampling_params: Params | Seq[Params] | None,
+                  use_tqdm: bool) -> list[RequestOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         if sampling_params is None or isinstance(sampling_params, SamplingParams | dict):
