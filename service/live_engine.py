@@ -13,6 +13,7 @@ not step one engine. It is built on the first request, with the server's ``--mod
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -23,6 +24,7 @@ from dataclasses import fields as dataclass_fields
 from typing import Any
 
 from engine import EngineConfig, LLMEngine, RequestError, RequestOutput, SamplingParams
+from engine.host import objects_frozen_during_call
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +101,29 @@ class LiveEngine:
                 call.future.set_exception(exc)
             return
         self.engine = engine
+        # From a step to the next idle wait, the objects older than the busy spell stay out of the
+        # cyclic collector's walks (engine/host.py), as in LLM.generate.
+        busy = contextlib.ExitStack()
+        try:
+            self._loop(engine, busy)
+        finally:
+            busy.close()
+
+    def _loop(self, engine: LLMEngine, busy: contextlib.ExitStack) -> None:
         live: dict[str, _Call] = {}
+        frozen = False
         while True:
             with self._cond:
                 while not self._incoming and not self._cancelled and not engine.has_unfinished():
+                    if frozen:
+                        busy.close()  # idle: the garbage older objects left is collected from now on
+                        frozen = False
                     self._cond.wait()
                 new, self._incoming = list(self._incoming), deque()
                 gone, self._cancelled = list(self._cancelled), deque()
+            if not frozen:
+                busy.enter_context(objects_frozen_during_call())
+                frozen = True
             for call in new:
                 self._add(engine, call, live)
             for stub in gone:
