@@ -1,8 +1,9 @@
 """Two host costs that sit outside a step's parts (issue 26), timed on their own.
 
-* ``head``: ``LLMEngine.add_request`` for every prompt of the GPU job (``bench/gpu/summ-1024.json``,
-  ids folded into the stub's vocabulary) and the first ``schedule()`` after it: what a GPU idles
-  through before ``LLM.generate`` launches its first step (the pipeline adds rows between steps).
+* ``head``: until the first ``schedule()`` of the GPU job (``bench/gpu/summ-1024.json``, ids folded
+  into the stub's vocabulary) returns, with every request added first and with the requests fed
+  as admission reaches them: what a GPU idles through before ``LLM.generate`` launches its first
+  step (the pipeline adds rows between steps).
 * ``boundary``: one ``BlockManager.allocate_slots`` call for a decoding sequence at a block
   boundary (a new block, the filled block hashed and published), over ``--size`` sequences of
   20-200 prompt tokens; the scheduler makes one such call per sequence every ``block_size`` steps.
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -29,6 +31,7 @@ import sysinfo  # noqa: E402
 import torch  # noqa: E402
 
 from engine.block_manager import BlockManager  # noqa: E402
+from engine.host import objects_frozen_during_call  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.sequence import Sequence  # noqa: E402
 from engine.stopping import StopConditions  # noqa: E402
@@ -37,29 +40,39 @@ WORKLOAD = Path(__file__).resolve().parent / "gpu" / "summ-1024.json"
 
 
 def head(rounds: int) -> dict:
+    """Until the first step is scheduled, both ways in alternating order each round: every
+    request added first (``LLM.generate`` before 2026-11-27), or fed as admission reaches it
+    (``LLMEngine.feed_requests``, what ``generate`` does now)."""
     wl = json.loads(WORKLOAD.read_text())
     prompts = [[t % host_overhead.VOCAB for t in p] for p in wl["prompts"]]
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = host_overhead.build_model_dir(Path(tmp))
         engine, _ = host_overhead.make_engine(model_dir, 1024, 0, "on")
     engine.scheduler.max_num_seqs = 512  # the GPU job's tuned setting (gpu_async.py)
-    adds, firsts = [], []
+    times: dict[str, list[float]] = {"queued_first": [], "fed": []}
+    admitted = []
     for r in range(rounds):
-        params = [SamplingParams(max_tokens=b, temperature=0, ignore_eos=True) for b in wl["max_tokens"]]
-        engine.block_manager.reset_prefix_cache()
-        t0 = time.perf_counter()
-        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-            engine.add_request(f"{r}-{i}", prompt, p)
-        t1 = time.perf_counter()
-        engine.scheduler.schedule()
-        t2 = time.perf_counter()
-        adds.append((t1 - t0) * 1e3)
-        firsts.append((t2 - t1) * 1e3)
-        engine.abort_all()
+        for mode in (("queued_first", "fed") if r % 2 == 0 else ("fed", "queued_first")):
+            params = [SamplingParams(max_tokens=b, temperature=0, ignore_eos=True) for b in wl["max_tokens"]]
+            requests = [(f"{r}-{mode}-{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
+            engine.block_manager.reset_prefix_cache()
+            gc.collect()
+            with objects_frozen_during_call():
+                t0 = time.perf_counter()
+                if mode == "fed":
+                    engine.feed_requests(requests, lambda *refused: None)
+                else:
+                    for request_id, prompt, p in requests:
+                        engine.add_request(request_id, prompt, p)
+                batch = engine.scheduler.schedule()
+                times[mode].append((time.perf_counter() - t0) * 1e3)
+            admitted.append(len(batch))
+            engine.abort_all()
     n = len(prompts)
     return {"requests": n, "mean_prompt_tokens": round(statistics.mean(map(len, prompts)), 1),
-            "add_ms": [round(x, 2) for x in adds], "first_schedule_ms": [round(x, 2) for x in firsts],
-            "add_us_per_request_median": round(statistics.median(adds) * 1e3 / n, 2)}
+            "first_step_sequences": sorted(set(admitted)),
+            "until_first_schedule_ms": {k: [round(x, 2) for x in v] for k, v in times.items()},
+            "median_ms": {k: round(statistics.median(v), 2) for k, v in times.items()}}
 
 
 def boundary(size: int, steps: int) -> dict:

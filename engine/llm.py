@@ -51,24 +51,36 @@ class LLM:
             params_list = list(sampling_params)
             if len(params_list) != len(prompts):
                 raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} sampling params")
-        ids = []
+        ids = [str(self._next_id + i) for i in range(len(prompts))]
+        self._next_id += len(prompts)
         results: dict[str, RequestOutput] = {}
-        for prompt, params in zip(prompts, params_list, strict=True):
-            rid = str(self._next_id)
-            self._next_id += 1
-            ids.append(rid)
-            try:
-                self.engine.add_request(rid, prompt, params)
-            except RequestError as e:
-                prompt_ids = list(prompt) if not isinstance(prompt, str) else []
-                results[rid] = RequestOutput(rid, prompt_ids, [], "", True, "error", error=str(e))
         bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
-        bar.update(len(results))
-        while self.engine.has_unfinished():
-            for out in self.engine.step():
-                results[out.request_id] = out
-                bar.update(1)
-        bar.close()
+
+        def refused(rid: str, prompt: Prompt, error: RequestError) -> None:
+            prompt_ids = list(prompt) if not isinstance(prompt, str) else []
+            results[rid] = RequestOutput(rid, prompt_ids, [], "", True, "error", error=str(error))
+            bar.update(1)
+
+        # Requests enter as the scheduler admits them: the first step does not wait for all of
+        # them, and an overlapped engine adds the rest while the device runs.
+        engine = self.engine
+        try:
+            engine.feed_requests(zip(ids, prompts, params_list, strict=True), refused)
+            while True:
+                if engine.feed_failure is not None:
+                    raise engine.feed_failure
+                if not engine.has_unfinished():
+                    break
+                for out in engine.step():
+                    results[out.request_id] = out
+                    bar.update(1)
+        except BaseException:
+            engine.stop_feed()  # this call's requests leave the engine with it
+            for rid in ids:
+                engine.abort_request(rid)
+            raise
+        finally:
+            bar.close()
         return [results[rid] for rid in ids]
 
     def stats(self) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -78,6 +79,7 @@ class LLMEngine:
         self._host_bound: set[str] = set()
         # Test hook: called with the sequences of every forward pass; raising simulates a fault.
         self.fault_injector = None
+        self.feed_failure: Exception | None = None  # what stopped feed_requests' feed, for its caller
 
     # ---- requests -------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -107,6 +109,44 @@ class LLMEngine:
             self._host_bound.add(request_id)
         self.scheduler.add(state.seqs[0])
 
+    def feed_requests(
+        self, requests: Iterable[tuple[str, str | list[int], SamplingParams | dict[str, Any] | None]],
+        refused: Callable[[str, str | list[int], RequestError], None],
+    ) -> None:
+        """Queue ``(request_id, prompt, params)`` requests as the scheduler's admission reaches
+        them rather than all now: a step is launched once its own requests are in, and in an
+        overlapped engine the others are added while the device runs (``add_request`` checks,
+        and tokenizes a text prompt). Admission, ids and outputs are those of adding them all
+        first. A request ``add_request`` refuses goes to ``refused``; another exception stops the
+        feed and is kept in ``feed_failure`` for the caller (it must not escape a schedule).
+        The static policy sizes a cohort from the whole queue, so there all are added now."""
+        source = iter(requests)
+        self.feed_failure = None
+
+        def feed() -> bool:
+            for request_id, prompt, params in source:
+                try:
+                    self.add_request(request_id, prompt, params)
+                except RequestError as e:
+                    refused(request_id, prompt, e)
+                    continue
+                except Exception as e:  # noqa: BLE001 - handed to the caller after the step
+                    self.feed_failure = e
+                    break
+                return True
+            self.scheduler.feed = None
+            return False
+
+        if self.scheduler.policy == "static":
+            while feed():
+                pass
+        else:
+            self.scheduler.feed = feed
+
+    def stop_feed(self) -> None:
+        """Queue no more of ``feed_requests``' requests (those queued already stay)."""
+        self.scheduler.feed = None
+
     def abort_request(self, request_id: str) -> None:
         state = self.requests.pop(request_id, None)
         self._host_bound.discard(request_id)
@@ -116,7 +156,9 @@ class LLMEngine:
                     self.scheduler.abort(seq)
 
     def abort_all(self) -> list[str]:
-        """Abort every request the engine holds (finished or not); returns their ids."""
+        """Abort every request the engine holds (finished or not), and those not fed to it yet;
+        returns the ids of the ones it held."""
+        self.stop_feed()
         ids = list(self.requests)
         for request_id in ids:
             self.abort_request(request_id)

@@ -12,7 +12,7 @@ sampled tokens, stop, finish, free). Plain Python over sequences, ids and counts
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from engine.block_manager import BlockManager
 from engine.scheduled_batch import ScheduledBatch, ScheduledSequence
@@ -47,6 +47,10 @@ class Scheduler:
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
         self._cohort_slots = 0  # static policy: admissions left in the current cohort
+        # Requests not queued yet (LLMEngine.feed_requests): admission that finds ``waiting`` empty
+        # calls it, and it queues the next one (True) or has none left (False). Queueing each
+        # request as admission reaches it admits exactly what queueing them all first would.
+        self.feed: Callable[[], bool] | None = None
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -54,7 +58,7 @@ class Scheduler:
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running) or self.feed is not None
 
     def schedule(self) -> ScheduledBatch:
         self.step_count += 1
@@ -141,7 +145,8 @@ class Scheduler:
         bm = self.block_manager
         if self.policy == "static" and not self.running and self._cohort_slots == 0:
             self._cohort_slots = min(self.max_num_seqs, len(self.waiting))
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while budget > 0 and len(self.running) < self.max_num_seqs and (
+                self.waiting or (self.feed is not None and self.feed())):
             if self.policy == "static" and self._cohort_slots == 0:
                 break
             seq = self.waiting[0]

@@ -1,0 +1,121 @@
+"""``LLM.generate`` queues each request as the scheduler's admission reaches it
+(``LLMEngine.feed_requests``): every step admits and computes exactly what it did when all
+requests were queued before the first step, so outputs, errors and preemptions are the same."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine import LLM, RequestError, SamplingParams
+
+VOCAB = 49152  # the tiny model's
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    shared = [rng.randrange(3, VOCAB) for _ in range(20)]
+    out = []
+    for i in range(n):
+        body = [rng.randrange(3, VOCAB) for _ in range(rng.choice([1, 5, 16, 17, 33, 40]))]
+        out.append(shared + body if i % 3 else body)
+    return out
+
+
+def _recorded(llm: LLM) -> list[list[tuple[str, int, int]]]:
+    """Every step's (request, sample, tokens) as the scheduler hands it out."""
+    steps: list[list[tuple[str, int, int]]] = []
+    schedule = llm.engine.scheduler.schedule
+
+    def recording():
+        batch = schedule()
+        steps.append([(s.request_id, s.sample_index, n) for s, n in zip(batch.seqs, batch.num_new_tokens, strict=True)])
+        return batch
+
+    llm.engine.scheduler.schedule = recording
+    return steps
+
+
+def _all_queued_first(llm: LLM, prompts, params) -> list:
+    """The generate loop before the feed: every request added, then the steps."""
+    engine, results = llm.engine, {}
+    ids = [str(i) for i in range(len(prompts))]
+    for rid, prompt, p in zip(ids, prompts, params, strict=True):
+        try:
+            engine.add_request(rid, prompt, p)
+        except RequestError as e:
+            results[rid] = str(e)
+    while engine.has_unfinished():
+        for out in engine.step():
+            results[out.request_id] = out
+    return [results[rid] for rid in ids]
+
+
+def _summary(out) -> object:
+    return out if isinstance(out, str) else (out.token_ids, out.finish_reason, out.error)
+
+
+def _fed(llm: LLM, prompts, params) -> list:
+    outs = llm.generate(prompts, params)
+    return [o.error if o.finish_reason == "error" else o for o in outs]
+
+
+CASES = {
+    "chunked-prefix": dict(max_num_batched_tokens=24, max_num_seqs=4),
+    "async": dict(max_num_batched_tokens=24, max_num_seqs=4, async_scheduling=True),
+    "preemption": dict(num_kv_blocks=12, max_num_seqs=6, max_num_batched_tokens=64),
+    "static": dict(scheduling="static", max_num_seqs=4),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_step_admits_what_queueing_all_first_admitted(tiny_model_dir, case) -> None:
+    prompts = _prompts(18, seed=len(case))
+    longer = 24 if case == "preemption" else 0  # outputs that outgrow the pool
+    params: list = [SamplingParams(max_tokens=6 + i % 9 + longer, temperature=0, ignore_eos=True)
+                    for i in range(18)]
+    params[4] = SamplingParams(max_tokens=5, temperature=0.9, top_k=40, seed=7, n=2, ignore_eos=True)
+    params[9] = {"max_tokens": 4, "temperature": -1}  # refused: invalid parameters
+    prompts[13] = [5, VOCAB + 1]  # refused: outside the vocabulary
+    settings = dict(num_kv_blocks=64) | CASES[case]
+    runs = {}
+    for mode in ("queued first", "fed"):
+        llm = LLM(str(tiny_model_dir), **settings)
+        steps = _recorded(llm)
+        outs = _all_queued_first(llm, prompts, params) if mode == "queued first" else _fed(llm, prompts, params)
+        runs[mode] = (steps, [_summary(o) for o in outs], llm.engine.scheduler.num_preemptions,
+                      llm.engine.scheduler.prefix_hit_tokens)
+    before, after = runs["queued first"], runs["fed"]
+    assert after[0] == before[0]  # the same steps, admissions and chunks
+    assert after[1] == before[1]  # the same tokens, finish reasons and errors
+    assert after[2:] == before[2:]
+    assert "invalid sampling parameters" in after[1][9] and "outside the vocabulary" in after[1][13]
+    if case == "preemption":
+        assert after[2] > 0
+    assert len({rid for step in after[0] for rid, _, _ in step}) == 16
+
+
+def test_the_first_step_runs_before_every_request_is_queued(tiny_model_dir) -> None:
+    llm = LLM(str(tiny_model_dir), num_kv_blocks=64, max_num_seqs=4, max_num_batched_tokens=64)
+    queued_at_first_forward = []
+
+    def first_forward(seqs) -> None:
+        if not queued_at_first_forward:
+            queued_at_first_forward.append(len(llm.engine.requests))
+
+    llm.engine.fault_injector = first_forward
+    outs = llm.generate(_prompts(40, seed=1), SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    assert [len(o.token_ids) for o in outs] == [3] * 40
+    assert 1 <= queued_at_first_forward[0] <= 4  # the step's own admissions, not all 40
+
+
+def test_a_prompt_that_breaks_the_feed_fails_the_call_and_leaves_nothing_behind(tiny_model_dir) -> None:
+    llm = LLM(str(tiny_model_dir), num_kv_blocks=64, max_num_seqs=2)
+    prompts: list = _prompts(8, seed=2)
+    prompts[5] = None  # not a prompt at all: a TypeError, as when requests were queued first
+    with pytest.raises(TypeError):
+        llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    assert not llm.engine.requests and not llm.engine.has_unfinished()
+    outs = llm.generate(_prompts(3, seed=3), SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    assert [len(o.token_ids) for o in outs] == [4, 4, 4]
