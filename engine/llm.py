@@ -75,9 +75,7 @@ class LLM:
                     results[out.request_id] = out
                     bar.update(1)
         except BaseException:
-            engine.stop_feed()  # this call's requests leave the engine with it
-            for rid in ids:
-                engine.abort_request(rid)
+            engine.fail_requests(ids)  # this call's requests leave the engine with it
             raise
         finally:
             bar.close()

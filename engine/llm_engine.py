@@ -122,20 +122,35 @@ class LLMEngine:
         The static policy sizes a cohort from the whole queue, so there all are added now."""
         source = iter(requests)
         self.feed_failure = None
+        end = object()
+        upcoming: Any = end  # one request ahead: the feed ends with the last one, not a call later
 
         def feed() -> bool:
-            for request_id, prompt, params in source:
-                try:
-                    self.add_request(request_id, prompt, params)
-                except RequestError as e:
-                    refused(request_id, prompt, e)
-                    continue
-                except Exception as e:  # noqa: BLE001 - handed to the caller after the step
-                    self.feed_failure = e
-                    break
-                return True
+            nonlocal upcoming
+            try:
+                while upcoming is not end:
+                    request_id, prompt, params = upcoming
+                    upcoming = next(source, end)
+                    try:
+                        self.add_request(request_id, prompt, params)
+                    except RequestError as e:
+                        refused(request_id, prompt, e)
+                        continue
+                    if upcoming is end:
+                        self.scheduler.feed = None
+                    return True
+            except Exception as e:  # noqa: BLE001 - the source, add_request or refused: for the caller
+                self.feed_failure = e
             self.scheduler.feed = None
             return False
+
+        try:
+            upcoming = next(source, end)
+        except Exception as e:  # noqa: BLE001
+            self.feed_failure = e
+            return
+        if upcoming is end:
+            return
 
         if self.scheduler.policy == "static":
             while feed():
@@ -154,6 +169,17 @@ class LLMEngine:
             for seq in state.seqs:
                 if not seq.is_finished:
                     self.scheduler.abort(seq)
+
+    def fail_requests(self, request_ids: Iterable[str]) -> None:
+        """A caller failed midway: queue no more of its feed and drop its requests, forgetting the
+        prefix blocks they published (an exception inside a schedule leaves blocks published
+        for tokens no step computed)."""
+        self.stop_feed()
+        for request_id in request_ids:
+            state = self.requests.get(request_id)
+            if state is not None:
+                self.block_manager.forget_sequences(state.seqs)
+                self.abort_request(request_id)
 
     def abort_all(self) -> list[str]:
         """Abort every request the engine holds (finished or not), and those not fed to it yet;

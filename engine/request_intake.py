@@ -84,6 +84,10 @@ class RequestIntake:
             except ValueError as e:
                 raise RequestError(request_id, str(e)) from None
         state = RequestState(request_id, token_ids, params)
+        if not params.greedy:
+            # an unseeded request draws its seed as it comes in, its forks none: requests draw in
+            # the order they come, however the scheduler interleaves their forks with them
+            state.seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = [None] * len(token_ids)
         seq = self.new_sequence(state, 0)
@@ -94,9 +98,9 @@ class RequestIntake:
         """Sample ``index`` of a request: its own seed (``seed + index``) and grammar state."""
         params = state.params
         seq = Sequence(state.request_id, state.prompt_token_ids, params, sample_index=index)
-        if not params.greedy:
+        if state.seed is not None:
             # any integer seed (negative, or past 64 bits) names one of the 2**64 streams
-            seq.seed = (params.seed + index) % 2**64 if params.seed is not None else self._rng.getrandbits(63)
+            seq.seed = (state.seed + index) % 2**64
         if params.structured_output is not None:
             seq.matcher = self.structured.matcher(params.structured_output)
         if params.logprobs is not None:

@@ -18,6 +18,7 @@ class RequestState:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_finished: int = 0
     error: str | None = None
+    seed: int | None = None  # sample i draws from seed + i (the request's, or drawn when it came in)
 
     @property
     def finished(self) -> bool:

@@ -76,6 +76,7 @@ def test_every_step_admits_what_queueing_all_first_admitted(tiny_model_dir, case
     params: list = [SamplingParams(max_tokens=6 + i % 9 + longer, temperature=0, ignore_eos=True)
                     for i in range(18)]
     params[4] = SamplingParams(max_tokens=5, temperature=0.9, top_k=40, seed=7, n=2, ignore_eos=True)
+    params[7] = SamplingParams(max_tokens=5, temperature=0.8, n=2, ignore_eos=True)  # seeds drawn by the engine
     params[9] = {"max_tokens": 4, "temperature": -1}  # refused: invalid parameters
     prompts[13] = [5, VOCAB + 1]  # refused: outside the vocabulary
     settings = dict(num_kv_blocks=64) | CASES[case]
@@ -84,8 +85,9 @@ def test_every_step_admits_what_queueing_all_first_admitted(tiny_model_dir, case
         llm = LLM(str(tiny_model_dir), **settings)
         steps = _recorded(llm)
         outs = _all_queued_first(llm, prompts, params) if mode == "queued first" else _fed(llm, prompts, params)
-        runs[mode] = (steps, [_summary(o) for o in outs], llm.engine.scheduler.num_preemptions,
-                      llm.engine.scheduler.prefix_hit_tokens)
+        scheduler = llm.engine.scheduler
+        runs[mode] = (steps, [_summary(o) for o in outs], scheduler.num_preemptions, scheduler.prefix_hit_tokens,
+                      scheduler.step_count)
     before, after = runs["queued first"], runs["fed"]
     assert after[0] == before[0]  # the same steps, admissions and chunks
     assert after[1] == before[1]  # the same tokens, finish reasons and errors
@@ -119,3 +121,32 @@ def test_a_prompt_that_breaks_the_feed_fails_the_call_and_leaves_nothing_behind(
     assert not llm.engine.requests and not llm.engine.has_unfinished()
     outs = llm.generate(_prompts(3, seed=3), SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     assert [len(o.token_ids) for o in outs] == [4, 4, 4]
+
+
+@pytest.mark.parametrize("max_num_seqs", [2, 4])
+def test_the_feed_ends_with_its_last_request(tiny_model_dir, max_num_seqs) -> None:
+    """Equal requests: the last admission fills the batch, and no empty step follows the call."""
+    prompts, params = [[7, 8, 9, 10]] * 8, SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    counts = []
+    for fed in (False, True):
+        llm = LLM(str(tiny_model_dir), num_kv_blocks=64, max_num_seqs=max_num_seqs)
+        steps = _recorded(llm)
+        outs = _fed(llm, prompts, [params] * 8) if fed else _all_queued_first(llm, prompts, [params] * 8)
+        assert [len(o.token_ids) for o in outs] == [5] * 8
+        counts.append((len(steps), llm.engine.scheduler.step_count))
+    assert counts[1] == counts[0]
+    llm.generate([], params)
+    assert llm.engine.scheduler.step_count == counts[1][1]  # nothing to feed: no step
+
+
+def test_a_failed_call_leaves_the_prefix_cache_sound(tiny_model_dir) -> None:
+    """A request refused with a prompt that is not one breaks the call after others were admitted;
+    a later call with the same prompt decodes what a fresh engine decodes."""
+    prompt = _prompts(3, seed=4)[1]  # 20 shared + body tokens: full blocks to publish
+    greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    llm = LLM(str(tiny_model_dir), num_kv_blocks=64, max_num_seqs=4)
+    with pytest.raises(TypeError):
+        llm.generate([prompt, None], [greedy, {"temperature": -1}])
+    assert not llm.engine.requests
+    fresh = LLM(str(tiny_model_dir), num_kv_blocks=64, max_num_seqs=4)
+    assert llm.generate([prompt], greedy)[0].token_ids == fresh.generate([prompt], greedy)[0].token_ids

@@ -25,9 +25,17 @@ def _cyclic_garbage() -> weakref.ref:
     return weakref.ref(_Cycle())
 
 
+@pytest.fixture(autouse=True)
+def thawed_heap() -> None:
+    """A worker's cached engine (an earlier test's) keeps the heap frozen: drop it first."""
+    from pipeline.engine_cache import clear_engine_cache
+
+    clear_engine_cache()
+    assert gc.get_freeze_count() == 0
+
+
 @pytest.fixture
 def llm(tiny_model_dir) -> LLM:
-    assert gc.get_freeze_count() == 0  # no test left the heap frozen
     return LLM(str(tiny_model_dir), num_kv_blocks=64, max_num_seqs=4)
 
 
@@ -73,7 +81,6 @@ def test_a_worker_frozen_heap_stays_frozen(llm) -> None:
 
 
 def test_overlapping_calls_thaw_when_the_last_one_ends() -> None:
-    assert gc.get_freeze_count() == 0
     older = _cyclic_garbage()
     with objects_frozen_during_call():
         with objects_frozen_during_call():  # another thread's generate, say
