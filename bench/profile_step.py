@@ -44,8 +44,9 @@ def main() -> None:
 
     wl = workload_mod.build(AutoTokenizer.from_pretrained(resolve_model(args.model)), args.requests)
     llm = LLM(args.model, dtype=args.dtype, max_num_batched_tokens=args.max_batched_tokens)
-    llm.generate([p[:48 + 16 * i] for i, p in enumerate(wl.prompts[:12])],
-                 [SamplingParams(max_tokens=2 + 3 * i, temperature=0) for i in range(12)])
+    warm = wl.prompts[:12]  # fewer with --requests under 12
+    llm.generate([p[:48 + 16 * i] for i, p in enumerate(warm)],
+                 [SamplingParams(max_tokens=2 + 3 * i, temperature=0) for i in range(len(warm))])
 
     seconds, steps = instrument(llm)
     params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in wl.max_tokens]
