@@ -150,3 +150,33 @@ def test_a_failed_call_leaves_the_prefix_cache_sound(tiny_model_dir) -> None:
     assert not llm.engine.requests
     fresh = LLM(str(tiny_model_dir), num_kv_blocks=64, max_num_seqs=4)
     assert llm.generate([prompt], greedy)[0].token_ids == fresh.generate([prompt], greedy)[0].token_ids
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_settings_and_requests_schedule_as_queued_first(tiny_model_dir, seed) -> None:
+    """A differential over random engine settings and requests (lengths, budgets, a small pool,
+    async, prefix caching on or off, n up to 3, seeded, unseeded, refused)."""
+    rng = random.Random(seed)
+    settings = dict(num_kv_blocks=rng.choice([10, 16, 64]), max_num_seqs=rng.choice([1, 2, 3, 5, 8]),
+                    max_num_batched_tokens=rng.choice([16, 24, 40, 128]),
+                    async_scheduling=rng.random() < 0.5, enable_prefix_caching=rng.random() < 0.7)
+    n = rng.randrange(6, 20)
+    prompts = _prompts(n, seed=100 + seed)
+    params: list = []
+    for _ in range(n):
+        kind = rng.random()
+        if kind < 0.5:
+            params.append(SamplingParams(max_tokens=rng.randrange(1, 20), temperature=0, ignore_eos=True))
+        elif kind < 0.8:
+            params.append(SamplingParams(max_tokens=rng.randrange(1, 12), temperature=0.9, n=rng.randrange(1, 4),
+                                         seed=rng.choice([None, 3]), ignore_eos=True))
+        else:
+            params.append({"max_tokens": 0})  # refused
+    runs = []
+    for fed in (False, True):
+        llm = LLM(str(tiny_model_dir), **settings)
+        steps = _recorded(llm)
+        outs = _fed(llm, prompts, params) if fed else _all_queued_first(llm, prompts, params)
+        scheduler = llm.engine.scheduler
+        runs.append((steps, [_summary(o) for o in outs], scheduler.num_preemptions, scheduler.step_count))
+    assert runs[1] == runs[0], settings
