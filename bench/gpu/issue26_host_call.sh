@@ -4,8 +4,11 @@
 # async engine each, with the idle probe), then the CUDA kernel, sampler and model tests on this
 # tree. nvidia-smi samples clocks, power and throttle reasons throughout.
 #   BASE=.base922 OUT=/tmp/out bash bench/gpu/issue26_host_call.sh       (on the GPU machine, repo root)
+# The ninth session's changes (generate's requests fed as admitted, the heap frozen during generate)
+# against the tree before them: `mkdir .base0e0 && git archive 0e0a073 engine | tar -x -C .base0e0`
+# here (untracked, it travels with the working tree), then BASE=.base0e0 (the default).
 set -u
-OUT=${OUT:-/tmp/gpuout}; BASE=${BASE:-.base922}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/gpuout}; BASE=${BASE:-.base0e0}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 TOKENIZERS_PARALLELISM=false
 T0=$(date +%s)
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv; nproc; lscpu | grep -i "model name"; } > "$OUT/env.txt" 2>&1
