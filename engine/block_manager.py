@@ -32,10 +32,7 @@ _ROOT = b"\0" * 16  # the parent of a sequence's first block
 
 def _chain(parent: bytes, block: bytes) -> bytes:
     """The digest of a block given its parent's: BLAKE2b-128 of the parent hash and the block's int64 ids."""
-    return _blake2b(parent + block, digest_size=16).digest()
-
-
-_blake2b = hashlib.blake2b
+    return hashlib.blake2b(parent + block, digest_size=16).digest()
 
 
 class BlockManager:
@@ -102,11 +99,8 @@ class BlockManager:
             return
         bs = self.block_size
         data = array("q", seq.token_ids[first * bs : num_full_blocks * bs]).tobytes()
-        parent = hashes[-1] if hashes else _ROOT
-        if num_full_blocks == first + 1:  # a decoding sequence's block: no loop
-            hashes.append(_blake2b(parent + data, digest_size=16).digest())
-            return
         width = bs * 8  # int64 ids
+        parent = hashes[-1] if hashes else _ROOT
         for start in range(0, len(data), width):
             parent = _chain(parent, data[start : start + width])
             hashes.append(parent)
@@ -192,26 +186,16 @@ class BlockManager:
 
     # ---- allocation ----------------------------------------------------------------
     def _pop_free_block(self) -> int:
-        """``_pop_free_blocks(1)`` without the lists (a decoding sequence takes one per block)."""
+        """Take the block at the front of the free queue, forgetting any prefix it still served
+        (a decoding sequence takes one per block: no lists on that path)."""
         block = self.free_queue.popitem(last=False)[0]
-        h = self.block_hashes[block]
-        if h is not None:
-            self.block_hashes[block] = None
-            if self.hash_to_block.get(h) == block:
-                del self.hash_to_block[h]
+        if self.block_hashes[block] is not None:
+            self.forget_blocks((block,))
         self.ref_counts[block] = 1
         return block
 
     def _pop_free_blocks(self, count: int) -> list[int]:
-        """Take ``count`` blocks from the front of the free queue, forgetting any prefix they
-        still served: one ``forget_blocks`` call for all of them (an admission takes a dozen)."""
-        popitem = self.free_queue.popitem
-        taken = [popitem(last=False)[0] for _ in range(count)]
-        self.forget_blocks(taken)
-        ref_counts = self.ref_counts
-        for block in taken:
-            ref_counts[block] = 1
-        return taken
+        return [self._pop_free_block() for _ in range(count)]
 
     def can_admit(self, seq: Sequence, cached_blocks: Seq[int], num_new_tokens: int) -> bool:
         reviving = sum(1 for b in cached_blocks if self.ref_counts[b] == 0)
@@ -245,19 +229,15 @@ class BlockManager:
             return True
         table = seq.block_table
         if total > len(table) * self.block_size:
-            if self.allocation == "paged":  # _target_blocks, inline: a decode comes here every block
-                need = -(-total // self.block_size) - len(table)
-            else:
-                need = self._target_blocks(seq, total) - len(table)
+            need = self._target_blocks(seq, total) - len(table)
             if need > len(self.free_queue):
                 return False
-            if need == 1:
+            if need == 1:  # a decoding sequence's next block, without a list
                 table.append(self._pop_free_block())
             else:
                 table.extend(self._pop_free_blocks(need))
         self._register(seq, total)
-        if self.window is not None:
-            self._release_out_of_window(seq)
+        self._release_out_of_window(seq)
         self._set_slots_ready(seq)
         return True
 
