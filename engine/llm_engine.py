@@ -120,38 +120,31 @@ class LLMEngine:
         first. A request ``add_request`` refuses goes to ``refused``; another exception stops the
         feed and is kept in ``feed_failure`` for the caller (it must not escape a schedule).
         The static policy sizes a cohort from the whole queue, so there all are added now."""
-        source = iter(requests)
+        pending = list(requests)
         self.feed_failure = None
-        end = object()
-        upcoming: Any = end  # one request ahead: the feed ends with the last one, not a call later
+        fed = 0
 
         def feed() -> bool:
-            nonlocal upcoming
+            nonlocal fed
             try:
-                while upcoming is not end:
-                    request_id, prompt, params = upcoming
-                    upcoming = next(source, end)
+                while fed < len(pending):
+                    request_id, prompt, params = pending[fed]
+                    fed += 1
                     try:
                         self.add_request(request_id, prompt, params)
                     except RequestError as e:
                         refused(request_id, prompt, e)
                         continue
-                    if upcoming is end:
-                        self.scheduler.feed = None
+                    if fed == len(pending):
+                        self.scheduler.feed = None  # ends with its last request, not a call later
                     return True
-            except Exception as e:  # noqa: BLE001 - the source, add_request or refused: for the caller
+            except Exception as e:  # noqa: BLE001 - add_request or refused: for the caller
                 self.feed_failure = e
             self.scheduler.feed = None
             return False
 
-        try:
-            upcoming = next(source, end)
-        except Exception as e:  # noqa: BLE001
-            self.feed_failure = e
+        if not pending:
             return
-        if upcoming is end:
-            return
-
         if self.scheduler.policy == "static":
             while feed():
                 pass
