@@ -13,7 +13,6 @@ not step one engine. It is built on the first request, with the server's ``--mod
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import threading
@@ -101,48 +100,48 @@ class LiveEngine:
                 call.future.set_exception(exc)
             return
         self.engine = engine
-        # From a step to the next idle wait, the objects older than the busy spell stay out of the
-        # cyclic collector's walks (engine/host.py), as in LLM.generate.
-        busy = contextlib.ExitStack()
-        try:
-            self._loop(engine, busy)
-        finally:
-            busy.close()
-
-    def _loop(self, engine: LLMEngine, busy: contextlib.ExitStack) -> None:
         live: dict[str, _Call] = {}
-        frozen = False
         while True:
             with self._cond:
-                while not self._incoming and not self._cancelled and not engine.has_unfinished():
-                    if frozen:
-                        busy.close()  # idle: the garbage older objects left is collected from now on
-                        frozen = False
+                while not self._has_work(engine):
                     self._cond.wait()
-                new, self._incoming = list(self._incoming), deque()
-                gone, self._cancelled = list(self._cancelled), deque()
-            if not frozen:
-                busy.enter_context(objects_frozen_during_call())
-                frozen = True
-            for call in new:
-                self._add(engine, call, live)
-            for stub in gone:
-                self._abort(engine, stub.future, live)
-            if engine.has_unfinished():
-                try:
-                    finished = engine.step()
-                except Exception as exc:  # a step the engine could not isolate: fail what it holds
-                    log.exception("completions engine step failed")
-                    finished = []
-                    for call in {id(c): c for c in live.values()}.values():
-                        self._abort(engine, call.future, live, exc)
-                for out in finished:
-                    call = live.pop(out.request_id, None)
-                    if call is None:
-                        continue
-                    call.outputs[out.request_id] = out
-                    if len(call.outputs) == len(call.ids) and not call.future.done():
-                        call.future.set_result([call.outputs[i] for i in call.ids])
+            # A busy spell, to the next idle wait: the objects older than it stay out of the
+            # cyclic collector's walks (engine/host.py), as in LLM.generate.
+            with objects_frozen_during_call():
+                while True:
+                    self._turn(engine, live)
+                    with self._cond:
+                        if not self._has_work(engine):
+                            break
+
+    def _has_work(self, engine: LLMEngine) -> bool:
+        return bool(self._incoming or self._cancelled) or engine.has_unfinished()
+
+    def _turn(self, engine: LLMEngine, live: dict[str, _Call]) -> None:
+        """Take the new and cancelled calls, then run one step."""
+        with self._cond:
+            new, self._incoming = list(self._incoming), deque()
+            gone, self._cancelled = list(self._cancelled), deque()
+        for call in new:
+            self._add(engine, call, live)
+        for stub in gone:
+            self._abort(engine, stub.future, live)
+        if not engine.has_unfinished():
+            return
+        try:
+            finished = engine.step()
+        except Exception as exc:  # a step the engine could not isolate: fail what it holds
+            log.exception("completions engine step failed")
+            finished = []
+            for call in {id(c): c for c in live.values()}.values():
+                self._abort(engine, call.future, live, exc)
+        for out in finished:
+            call = live.pop(out.request_id, None)
+            if call is None:
+                continue
+            call.outputs[out.request_id] = out
+            if len(call.outputs) == len(call.ids) and not call.future.done():
+                call.future.set_result([call.outputs[i] for i in call.ids])
 
     def _add(self, engine: LLMEngine, call: _Call, live: dict[str, _Call]) -> None:
         for prompt, params in zip(call.prompts, call.params, strict=True):
