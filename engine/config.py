@@ -25,8 +25,10 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto | torch | triton
     block_size: int = 16
     enable_prefix_caching: bool = True
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    # None: the device's default (engine/device_features.py, ``batch_limits``): 256 sequences and
+    # 2,048 tokens a step, 1,024 and 8,192 on a GPU of 70 GiB or more (vLLM's rule).
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     num_kv_blocks: int | None = None  # None: size the pool from memory
     kv_cache_memory_gb: float = 2.0  # CPU budget for the KV pool when num_kv_blocks is None
     gpu_memory_utilization: float = 0.90

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -11,7 +12,7 @@ from engine.attention import get_backend
 from engine.block_manager import RELEASED, BlockManager
 from engine.chat import chat_token_ids
 from engine.config import EngineConfig
-from engine.device_features import announce, choose_features
+from engine.device_features import announce, batch_limits, choose_features
 from engine.host import tune_for_cpu
 from engine.logprobs import log_softmax, position_logprobs, prompt_logprobs_for_rows
 from engine.model_loader import eos_token_ids, load_config, load_model, load_tokenizer
@@ -38,9 +39,12 @@ class LLMEngine:
     the model runner the device, the output processor the texts; requests live in ``requests``."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
         self.model_dir = resolve_model(config.model)
         device = self.device = config.resolved_device()
+        limits = batch_limits(device, config.max_num_seqs, config.max_num_batched_tokens)
+        config = self.config = dataclasses.replace(  # the step bounds resolved for this device
+            config, max_num_seqs=limits.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens
+        )
         if device == "cpu":
             tune_for_cpu(config.num_threads)
         hf_config = load_config(self.model_dir)

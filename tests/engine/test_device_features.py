@@ -2,11 +2,23 @@
 path"); only what has still never run on a GPU is announced."""
 
 import warnings
+from types import SimpleNamespace
 
 import pytest
 
+from engine import EngineConfig
 from engine.attention import get_backend
-from engine.device_features import announce, choose_features, triton_available
+from engine.device_features import (
+    DEFAULT_LIMITS,
+    LARGE_GPU_LIMITS,
+    BatchLimits,
+    announce,
+    batch_limits,
+    choose_features,
+    default_batch_limits,
+    triton_available,
+)
+from engine.llm_engine import LLMEngine
 
 
 def test_cpu_runs_the_torch_backend_without_warnings() -> None:
@@ -59,3 +71,37 @@ def test_a_head_size_the_triton_kernels_do_not_take_runs_on_the_torch_backend(mo
     phi4_mini = choose_features("cuda", "auto", None, None, head_dim=128)
     assert (phi4_mini.attention_backend, phi4_mini.cuda_graphs) == ("triton", True)
     assert choose_features("cuda", "triton", None, None, head_dim=96).attention_backend == "triton"
+
+
+GIB = 2**30
+
+
+def test_step_bounds_grow_on_gpus_of_70_gib_or_more_except_the_a100() -> None:
+    """vLLM's rule for its offline defaults; the figures are this project's H200 measurement."""
+    assert default_batch_limits("cuda", 141 * GIB, "NVIDIA H200") == BatchLimits(1024, 8192) == LARGE_GPU_LIMITS
+    assert default_batch_limits("cuda:0", 70 * GIB, "NVIDIA H100 80GB HBM3") == LARGE_GPU_LIMITS
+    assert default_batch_limits("cuda", 70 * GIB - 1, "NVIDIA H100") == BatchLimits(256, 2048) == DEFAULT_LIMITS
+    assert default_batch_limits("cuda", 80 * GIB, "NVIDIA A100-SXM4-80GB") == DEFAULT_LIMITS
+    assert default_batch_limits("cuda", 24 * GIB, "NVIDIA L4") == DEFAULT_LIMITS
+    assert default_batch_limits("cpu", 1024 * GIB) == DEFAULT_LIMITS
+
+
+def test_bounds_left_unset_take_the_devices_default_and_given_ones_stay(monkeypatch) -> None:
+    props = SimpleNamespace(total_memory=141 * GIB, name="NVIDIA H200")
+    asked = []
+    monkeypatch.setattr("torch.cuda.get_device_properties", lambda dev: asked.append(str(dev)) or props)
+    assert batch_limits("cuda:0", None, None) == LARGE_GPU_LIMITS and asked == ["cuda:0"]
+    assert batch_limits("cuda", 64, None) == BatchLimits(64, 8192)
+    assert batch_limits("cuda", None, 2048) == BatchLimits(1024, 2048)
+    asked.clear()
+    assert batch_limits("cuda", 8, 512) == BatchLimits(8, 512) and asked == []  # nothing to ask the device
+    assert batch_limits("cpu", None, None) == DEFAULT_LIMITS and asked == []
+
+
+def test_the_engine_runs_with_the_bounds_it_resolved(tiny_model_dir) -> None:
+    given = EngineConfig(model=str(tiny_model_dir), num_kv_blocks=64, max_num_batched_tokens=512)
+    engine = LLMEngine(given)
+    assert (engine.config.max_num_seqs, engine.config.max_num_batched_tokens) == (256, 512)
+    assert (engine.scheduler.max_num_seqs, engine.scheduler.max_num_batched_tokens) == (256, 512)
+    assert engine.runner.table_rows.table.shape[0] == 256
+    assert given.max_num_seqs is None  # the caller's settings are not rewritten

@@ -9,13 +9,14 @@ import torch
 
 from engine import EngineConfig, cuda_profile, kv_cache
 from engine.attention import get_backend
-from engine.device_features import DeviceFeatures
+from engine.device_features import DEFAULT_LIMITS, DeviceFeatures
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
 
 
 def runner_for(tiny_model_dir, features: DeviceFeatures, **config) -> ModelRunner:
-    cfg = EngineConfig(model=str(tiny_model_dir), **config)
+    limits = {"max_num_seqs": DEFAULT_LIMITS.max_num_seqs, "max_num_batched_tokens": DEFAULT_LIMITS.max_num_batched_tokens}
+    cfg = EngineConfig(model=str(tiny_model_dir), **(limits | config))  # as LLMEngine resolves them on a CPU
     model = load_model(tiny_model_dir, torch.float32, "cpu", 128)
     return ModelRunner(model, get_backend("torch", "cpu"), cfg, 128, "cpu", features)
 
