@@ -424,9 +424,11 @@ def seeded_check(model_dir: Path, prompts, settings: dict) -> dict:
     params = [SamplingParams(max_tokens=32, temperature=0.8, top_p=0.95, top_k=50, seed=i, ignore_eos=True)
               for i in range(len(prompts))]
     got = {}
-    for mode in (False, True):
-        llm.engine.async_scheduling = mode
+    for mode in (False, True):  # each pass from a cold prefix cache: a hit computes the last prompt
+        llm.engine.async_scheduling = mode  # token's logits on another path, which can flip a near-tie
+        llm.engine.block_manager.reset_prefix_cache()
         got[mode] = [o.token_ids for o in llm.generate(shifted(prompts, 3, vocab), params)]
+    llm.engine.block_manager.reset_prefix_cache()
     alone = [o.token_ids for o in llm.generate(shifted(prompts[:8], 3, vocab), params[:8])]
     del llm
     free()
