@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -32,6 +33,8 @@ from engine.stopping import StopConditions
 from engine.structured_output import StructuredOutputBackend
 
 __all__ = ["LLMEngine", "RequestError"]
+
+log = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -177,6 +180,7 @@ class LLMEngine:
             if state is not None:
                 self.block_manager.forget_sequences(state.seqs)
                 self.abort_request(request_id)
+        self._drop_in_flight_if_aborted()
 
     def abort_all(self) -> list[str]:
         """Abort every request the engine holds (finished or not), and those not fed to it yet;
@@ -185,7 +189,20 @@ class LLMEngine:
         ids = list(self.requests)
         for request_id in ids:
             self.abort_request(request_id)
+        self._drop_in_flight_if_aborted()
         return ids
+
+    def _drop_in_flight_if_aborted(self) -> None:
+        """Forget a launched step whose every sequence was aborted, once the device is done with
+        it, so the next caller does not wait on it (or meet the error that ended the last one)."""
+        step = self._in_flight
+        if step is None or any(not seq.is_finished for seq in step.sample_seqs):
+            return
+        self._in_flight = None
+        try:
+            step.wait()  # its writes land before its blocks serve anyone else
+        except Exception as exc:  # the device may be what failed: the caller is raising already
+            log.warning("dropped the step in flight after its requests were aborted: %s", exc)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._in_flight is not None

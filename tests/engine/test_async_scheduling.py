@@ -114,6 +114,25 @@ def test_abort_while_a_step_is_in_flight(tiny_model_dir):
     assert eng.stats()["kv_blocks_used_now"] == 0
 
 
+def test_abort_all_drops_the_step_in_flight(tiny_model_dir):
+    """What a worker does after a shard failed half-way: the engine is empty at once, with no
+    launched step left for the next shard to wait on."""
+    eng = tiny(tiny_model_dir, True).engine
+    for i, p in enumerate(random_prompts(3, seed=2)):
+        eng.add_request(f"r{i}", p, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    for _ in range(3):
+        eng.step()
+    assert eng._in_flight is not None
+    assert sorted(eng.abort_all()) == ["r0", "r1", "r2"]
+    assert eng._in_flight is None and not eng.has_unfinished()
+    assert eng.stats()["kv_blocks_used_now"] == 0
+    eng.add_request("r3", [5, 6, 7], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    done = []
+    while eng.has_unfinished():
+        done += eng.step()
+    assert [(o.request_id, len(o.token_ids)) for o in done] == [("r3", 4)]
+
+
 def test_a_block_holding_a_placeholder_is_published_once_its_token_is_known():
     bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
     seq = Sequence("a", [5, 6, 7], SamplingParams())

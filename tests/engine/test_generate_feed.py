@@ -123,6 +123,43 @@ def test_a_prompt_that_breaks_the_feed_fails_the_call_and_leaves_nothing_behind(
     assert [len(o.token_ids) for o in outs] == [4, 4, 4]
 
 
+def test_a_failed_async_call_leaves_no_step_for_the_next_one(tiny_model_dir, caplog) -> None:
+    """The launched step of a call that failed is waited for and dropped with its requests: the
+    next call neither waits on it nor meets the error it ended with (a lost device, here)."""
+    llm = LLM(str(tiny_model_dir), num_kv_blocks=64, max_num_seqs=2, async_scheduling=True)
+    engine, launch, state = llm.engine, llm.engine.runner.launch, {"device_lost": False}
+
+    def launch_on_a_device_that_can_fail(batch, previous):
+        step, lost = launch(batch, previous), state["device_lost"]  # lost while this step ran
+        wait = step.wait
+
+        def checked_wait():
+            if lost:
+                raise RuntimeError("device lost")
+            return wait()
+
+        step.wait = checked_wait
+        return step
+
+    class BreaksTheDevice(list):
+        def __iter__(self):
+            state["device_lost"] = True
+            raise TypeError("not a prompt")
+
+    engine.runner.launch = launch_on_a_device_that_can_fail
+    prompts: list = _prompts(8, seed=2)
+    prompts[5] = BreaksTheDevice()
+    greedy = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    with pytest.raises(TypeError, match="not a prompt"):
+        llm.generate(prompts, greedy)
+    assert engine._in_flight is None and not engine.has_unfinished() and not engine.requests
+    assert "dropped the step in flight" in caplog.text and "device lost" in caplog.text
+    state["device_lost"] = False  # a device that came back
+    fresh = LLM(str(tiny_model_dir), num_kv_blocks=64, max_num_seqs=2, async_scheduling=True)
+    want = [o.token_ids for o in fresh.generate(_prompts(3, seed=3), greedy)]
+    assert [o.token_ids for o in llm.generate(_prompts(3, seed=3), greedy)] == want
+
+
 @pytest.mark.parametrize("max_num_seqs", [2, 4])
 def test_the_feed_ends_with_its_last_request(tiny_model_dir, max_num_seqs) -> None:
     """Equal requests: the last admission fills the batch, and no empty step follows the call."""
