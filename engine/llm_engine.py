@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from engine.attention import get_backend
-from engine.block_manager import RELEASED, BlockManager
+from engine.block_manager import BlockManager
 from engine.chat import chat_token_ids
 from engine.config import EngineConfig
 from engine.device_features import announce, batch_limits, choose_features
@@ -21,6 +21,7 @@ from engine.model_registry import resolve_model
 from engine.model_runner import InFlightStep, ModelRunner, StepLogits
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
+from engine.request_feed import Request, RequestFeed
 from engine.request_intake import RequestError, RequestIntake, sampling_params
 from engine.request_state import RequestState
 from engine.sampling_params import SamplingParams
@@ -28,6 +29,7 @@ from engine.scheduled_batch import ScheduledBatch
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
 from engine.stats import EngineStats
+from engine.step_faults import StepFaults
 from engine.step_inputs import PLACEHOLDER
 from engine.stopping import StopConditions
 from engine.structured_output import StructuredOutputBackend
@@ -72,6 +74,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.scheduling, stop
         )
+        self.step_faults = StepFaults(self._run, self.scheduler, self.block_manager, self._fail)
         self.stats_tracker = EngineStats(self.num_kv_blocks, config.block_size)
         self.structured = StructuredOutputBackend(self.tokenizer, hf_config.vocab_size, sorted(self.eos_token_ids))
         self.intake = RequestIntake(
@@ -86,7 +89,7 @@ class LLMEngine:
         self._host_bound: set[str] = set()
         # Test hook: called with the sequences of every forward pass; raising simulates a fault.
         self.fault_injector = None
-        self.feed_failure: Exception | None = None  # what stopped feed_requests' feed, for its caller
+        self._feed: RequestFeed | None = None  # the last feed_requests call's
 
     # ---- requests -------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -117,46 +120,28 @@ class LLMEngine:
         self.scheduler.add(state.seqs[0])
 
     def feed_requests(
-        self, requests: Iterable[tuple[str, str | list[int], SamplingParams | dict[str, Any] | None]],
-        refused: Callable[[str, str | list[int], RequestError], None],
+        self, requests: Iterable[Request], refused: Callable[[str, str | list[int], RequestError], None]
     ) -> None:
         """Queue ``(request_id, prompt, params)`` requests as the scheduler's admission reaches
         them rather than all now: a step is launched once its own requests are in, and in an
         overlapped engine the others are added while the device runs (``add_request`` checks,
         and tokenizes a text prompt). Admission, ids and outputs are those of adding them all
         first. A request ``add_request`` refuses goes to ``refused``; another exception stops the
-        feed and is kept in ``feed_failure`` for the caller (it must not escape a schedule).
-        The static policy sizes a cohort from the whole queue, so there all are added now."""
-        pending = list(requests)
-        self.feed_failure = None
-        fed = 0
-
-        def feed() -> bool:
-            nonlocal fed
-            try:
-                while fed < len(pending):
-                    request_id, prompt, params = pending[fed]
-                    fed += 1
-                    try:
-                        self.add_request(request_id, prompt, params)
-                    except RequestError as e:
-                        refused(request_id, prompt, e)
-                        continue
-                    if fed == len(pending):
-                        self.scheduler.feed = None  # ends with its last request, not a call later
-                    return True
-            except Exception as e:  # noqa: BLE001 - add_request or refused: for the caller
-                self.feed_failure = e
-            self.scheduler.feed = None
-            return False
-
-        if not pending:
+        feed and is kept in ``feed_failure`` for the caller (``engine/request_feed.py``). The
+        static policy sizes a cohort from the whole queue, so there all are added now."""
+        self._feed = feed = RequestFeed(list(requests), self.add_request, refused, self.stop_feed)
+        if not feed.requests:
             return
         if self.scheduler.policy == "static":
             while feed():
                 pass
         else:
             self.scheduler.feed = feed
+
+    @property
+    def feed_failure(self) -> Exception | None:
+        """What stopped the last ``feed_requests`` feed, for its caller to raise."""
+        return self._feed.failure if self._feed is not None else None
 
     def stop_feed(self) -> None:
         """Queue no more of ``feed_requests``' requests (those queued already stay)."""
@@ -221,7 +206,7 @@ class LLMEngine:
 
     def _run_now(self, batch: ScheduledBatch, finished: list[RequestOutput]) -> None:
         """Run a scheduled step to the end: forward pass, prompt logprobs, forks, sampling, update."""
-        step = self._execute_isolating_faults(batch, finished)
+        step = self.step_faults.execute(batch, finished)
         self.stats_tracker.on_computed(self.scheduler, self.block_manager)
         for seq, first, rows in step.prompt:
             k = seq.params.prompt_logprobs or 0
@@ -344,35 +329,6 @@ class LLMEngine:
         if self.fault_injector is not None:
             self.fault_injector(batch.seqs)
         return self.runner.execute(batch)
-
-    def _execute_isolating_faults(self, batch: ScheduledBatch, finished: list[RequestOutput]) -> StepLogits:
-        """Run the step; if it raises, rerun its requests one by one so only the request
-        that fails on its own is failed (with the error), and the rest go on."""
-        try:
-            return self._run(batch)
-        except Exception as batch_error:
-            # Blocks published this step may hold keys that were never written.
-            self.block_manager.forget_sequences(batch.seqs)
-            if len(batch) == 1:
-                self._fail(batch.seqs[0], batch_error, finished)
-                return StepLogits()
-        parts = []
-        poisoned: set[int] = set()  # blocks of failed requests: their keys were never written
-        for item in batch.items:
-            seq = item.seq
-            if seq.is_finished:
-                continue  # a sample of a request that failed earlier in this loop
-            if poisoned.intersection(seq.block_table):
-                self.scheduler.preempt(seq)  # it mapped a failed request's prefix this step: recompute
-                continue
-            try:
-                alone = ScheduledBatch.of(batch.step, [item], wants_prompt_logits=batch.wants_prompt_logits)
-                parts.append(self._run(alone))
-            except Exception as error:
-                poisoned.update(b for b in seq.block_table if b != RELEASED)
-                self.block_manager.forget_blocks(seq.block_table)
-                self._fail(seq, error, finished)
-        return StepLogits.merge(parts)
 
     def _fail(self, seq: Sequence, error: Exception, finished: list[RequestOutput]) -> None:
         """Fail the whole request (all its samples) with the error."""
