@@ -186,7 +186,7 @@ class LLMEngine:
         self._in_flight = None
         try:
             step.wait()  # its writes land before its blocks serve anyone else
-        except Exception as exc:  # the device may be what failed: the caller is raising already
+        except Exception as exc:  # the device may be what failed; whoever aborted has its own error
             log.warning("dropped the step in flight after its requests were aborted: %s", exc)
 
     def has_unfinished(self) -> bool:

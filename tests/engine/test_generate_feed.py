@@ -4,7 +4,9 @@ requests were queued before the first step, so outputs, errors and preemptions a
 
 from __future__ import annotations
 
+import gc
 import random
+import weakref
 
 import pytest
 
@@ -158,6 +160,22 @@ def test_a_failed_async_call_leaves_no_step_for_the_next_one(tiny_model_dir, cap
     fresh = LLM(str(tiny_model_dir), num_kv_blocks=64, max_num_seqs=2, async_scheduling=True)
     want = [o.token_ids for o in fresh.generate(_prompts(3, seed=3), greedy)]
     assert [o.token_ids for o in llm.generate(_prompts(3, seed=3), greedy)] == want
+
+
+def test_an_ended_feed_keeps_none_of_the_callers_prompts(tiny_model_dir) -> None:
+    """The engine keeps its last feed (for ``feed_failure``), not what that feed was given."""
+
+    class Prompt(list):  # a list that can be weakly referenced
+        pass
+
+    llm = LLM(str(tiny_model_dir), num_kv_blocks=64, max_num_seqs=2)
+    prompts = [Prompt(p) for p in _prompts(5, seed=5)]
+    alive = [weakref.ref(p) for p in prompts]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    assert [len(o.token_ids) for o in outs] == [3] * 5
+    del prompts
+    gc.collect()
+    assert [ref() for ref in alive] == [None] * 5
 
 
 @pytest.mark.parametrize("max_num_seqs", [2, 4])
