@@ -26,7 +26,7 @@ class EngineConfig:
     block_size: int = 16
     enable_prefix_caching: bool = True
     # None: the device's default (engine/device_features.py, ``batch_limits``): 256 sequences and
-    # 2,048 tokens a step, 1,024 and 8,192 on a GPU of 70 GiB or more (vLLM's rule).
+    # 2,048 tokens a step, 1,024 and 8,192 on a GPU of 70 GiB or more other than an A100 (vLLM's rule).
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     num_kv_blocks: int | None = None  # None: size the pool from memory

@@ -99,7 +99,7 @@ def test_bounds_left_unset_take_the_devices_default_and_given_ones_stay(monkeypa
 
 
 def test_the_engine_runs_with_the_bounds_it_resolved(tiny_model_dir) -> None:
-    given = EngineConfig(model=str(tiny_model_dir), num_kv_blocks=64, max_num_batched_tokens=512)
+    given = EngineConfig(model=str(tiny_model_dir), device="cpu", num_kv_blocks=64, max_num_batched_tokens=512)
     engine = LLMEngine(given)
     assert (engine.config.max_num_seqs, engine.config.max_num_batched_tokens) == (256, 512)
     assert (engine.scheduler.max_num_seqs, engine.scheduler.max_num_batched_tokens) == (256, 512)
