@@ -89,7 +89,7 @@ class LLMEngine:
         self._host_bound: set[str] = set()
         # Test hook: called with the sequences of every forward pass; raising simulates a fault.
         self.fault_injector = None
-        self._feed: RequestFeed | None = None  # the last feed_requests call's
+        self.feed_failure: Exception | None = None  # what stopped feed_requests' feed, for its caller
 
     # ---- requests -------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -129,7 +129,8 @@ class LLMEngine:
         first. A request ``add_request`` refuses goes to ``refused``; another exception stops the
         feed and is kept in ``feed_failure`` for the caller (``engine/request_feed.py``). The
         static policy sizes a cohort from the whole queue, so there all are added now."""
-        self._feed = feed = RequestFeed(list(requests), self.add_request, refused, self.stop_feed)
+        self.feed_failure = None
+        feed = RequestFeed(list(requests), self.add_request, refused, self._end_feed)
         if not feed.requests:
             return
         if self.scheduler.policy == "static":
@@ -138,10 +139,11 @@ class LLMEngine:
         else:
             self.scheduler.feed = feed
 
-    @property
-    def feed_failure(self) -> Exception | None:
-        """What stopped the last ``feed_requests`` feed, for its caller to raise."""
-        return self._feed.failure if self._feed is not None else None
+    def _end_feed(self, failure: Exception | None) -> None:
+        """A ``RequestFeed`` ran out of requests, or broke with ``failure``."""
+        self.stop_feed()
+        if failure is not None:
+            self.feed_failure = failure
 
     def stop_feed(self) -> None:
         """Queue no more of ``feed_requests``' requests (those queued already stay)."""

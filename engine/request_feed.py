@@ -17,17 +17,16 @@ class RequestFeed:
 
     A request ``add`` refuses (``RequestError``) goes to ``refused`` and the next one is tried.
     Any other exception, from ``add`` or ``refused``, must not escape a schedule: it ends the
-    feed and waits in ``failure`` for the caller. ``end`` runs as the last request is queued,
-    not one call later, so the engine stops counting the feed as work with that request. An
-    ended feed lets go of the requests and callbacks (the caller's prompts and results), since
-    the engine keeps the last feed for its ``failure``."""
+    feed and goes to ``end`` for the caller. ``end`` runs as the last request is queued, not one
+    call later, so the engine stops counting the feed as work with that request; the engine
+    keeps only what ``end`` hands it, so an ended feed (the caller's prompts and callbacks) is
+    freed with the scheduler's reference."""
 
     def __init__(
         self, requests: list[Request], add: Callable[[str, str | list[int], Any], None],
-        refused: Callable[[str, str | list[int], RequestError], None], end: Callable[[], None],
+        refused: Callable[[str, str | list[int], RequestError], None], end: Callable[[Exception | None], None],
     ) -> None:
         self.requests = requests
-        self.failure: Exception | None = None
         self._fed = 0
         self._add, self._refused, self._end = add, refused, end
 
@@ -42,18 +41,10 @@ class RequestFeed:
                     self._refused(request_id, prompt, e)
                     continue
                 if self._fed == len(self.requests):
-                    self._finish()
+                    self._end(None)
                 return True
         except Exception as e:  # noqa: BLE001 - add or refused: for the caller
-            self.failure = e
-        self._finish()
+            self._end(e)
+            return False
+        self._end(None)
         return False
-
-    def _finish(self) -> None:
-        self._end()
-        self.requests, self._fed = [], 0
-        self._add = self._refused = _ended
-
-
-def _ended(*_: object) -> None:
-    raise AssertionError("an ended feed was asked for a request")
