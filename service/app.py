@@ -46,7 +46,8 @@ def create_app(settings: ServiceSettings, runner: Runner | None = None) -> FastA
         yield
         advancer.stop()
 
-    app = FastAPI(title="tokenmill", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="tokenmill", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)  # the API is documented in docs/service.md, not served keyless
     app.state.settings, app.state.store, app.state.runner = settings, store, runner
     app.state.spec_policy = settings.spec_policy()
     app.state.live_engine = LiveEngine(engine_settings(settings.model, settings.engine_options))
