@@ -29,7 +29,7 @@ def create_job(request: Request, owner: Owner, spec: Annotated[dict[str, Any], B
         raise bad_request("; ".join(lines), lines[0].split(":", 1)[0] if lines else None, "invalid_spec") from None
     if parsed.schedule:
         raise bad_request("schedule: scheduled specs run under 'tokenmill beat', not the API", "schedule")
-    request.app.state.spec_policy.check(parsed)  # before anything opens storage or resolves a credential
+    parsed = request.app.state.spec_policy.check(parsed)  # normal URLs; before anything opens storage or resolves a credential
     store, runner = request.app.state.store, request.app.state.runner
     try:
         plan = parsed.to_plan(_fresh_job_id(parsed, store, runner))

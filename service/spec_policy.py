@@ -21,51 +21,37 @@ allows with ``--allow-env``, ``--allow-profile`` and ``--allowed-url-prefix``:
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.credentials import env_reference, is_sensitive
+from connectors.url_policy import HTTP, REDIRECTS_OPTION, WITHIN_URL, NormalURL, UrlRefused, normal_url
 from jobs.secrets import reveal
 from jobs.spec import JobSpec
 from service.errors import bad_request
 
 OBJECT_STORES = frozenset({"s3", "gs", "az", "abfs", "adl"})
-_ALIASES = {"s3a": "s3", "gcs": "gs", "abfss": "abfs", "local": "file"}
 _ENDPOINT_KEYS = frozenset({"endpoint_url", "endpoint", "host", "url", "account_url", "connection_string", "proxies",
                             "proxy", "proxy_url"})
 _GLOB = re.compile(r"[*?\[{]")
-_DOTDOT = re.compile(r"(^|[/\\])(\.\.|%2e%2e)([/\\]|$)", re.IGNORECASE)
 
 
-@dataclass(frozen=True)
-class Location:
-    """A URL reduced to (protocol, path without trailing '/'), for prefix comparisons."""
-
-    protocol: str
-    path: str
-
-    @classmethod
-    def of(cls, url: str) -> Location:
-        protocol, _, path = url.partition("://") if "://" in url else ("file", "", url)
-        protocol = _ALIASES.get(protocol.lower(), protocol.lower())
-        if protocol == "file":
-            return cls("file", os.path.realpath(os.path.expanduser(path)).rstrip("/") or "/")
-        return cls(protocol, re.sub(r"/+", "/", path).strip("/"))
-
-    def within(self, other: Location) -> bool:
-        if self.protocol != other.protocol:
-            return False
-        root = other.path.rstrip("/")
-        return not root or self.path == root or self.path.startswith(root + "/")
-
-
-def _literal_prefix(url: str) -> str:
-    """The part of a (glob) URL before its first wildcard, cut back to a folder."""
+def _literal_prefix(url: str) -> tuple[str, str]:
+    """(the part of a glob URL before its first wildcard, cut back to a folder; the pattern)."""
     match = _GLOB.search(url)
-    return url if match is None else url[: match.start()].rpartition("/")[0]
+    if match is None:
+        return url, ""
+    head, _, tail = url[: match.start()].rpartition("/")
+    return head, tail + url[match.start():]
+
+
+def _pattern_problem(pattern: str) -> str | None:
+    parts = pattern.split("/")
+    if any(p in (".", "..") or "%" in p or "\\" in p for p in parts):
+        return "a glob may not hold '.' or '..' segments, '%' or backslashes"
+    return None
 
 
 def _walk(options: Any, where: str, key: str = "") -> Iterator[tuple[str, str, Any]]:
@@ -88,33 +74,46 @@ class SpecPolicy:
     allowed_url_prefixes: tuple[str, ...] = ()
     server_model: str = ""
     engine_options: tuple[tuple[str, Any], ...] = ()  # the server's --engine-options
-    _prefixes: tuple[Location, ...] = field(default=(), init=False, repr=False)
+    _prefixes: tuple[NormalURL, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_prefixes", tuple(Location.of(p) for p in self.allowed_url_prefixes))
+        object.__setattr__(self, "_prefixes", tuple(normal_url(p) for p in self.allowed_url_prefixes))
 
-    def check(self, spec: JobSpec) -> None:
-        """A 400 naming the first field that reaches beyond what the operator allows."""
-        self._check_url(spec.input.full_url, "input.url")
-        self._check_url(spec.output.url, "output.url")
+    def check(self, spec: JobSpec) -> JobSpec:
+        """The spec with every URL in the normal form its filesystem opens, or a 400 naming the
+        first field that reaches beyond what the operator allows. Check and open see one URL."""
+        data = spec.to_data()
+        data["input"]["url"] = self._check_url(spec.input.full_url, "input.url")
+        data["input"].pop("glob", None)
+        data["output"]["url"] = self._check_url(spec.output.url, "output.url")
         if spec.extract is not None and spec.extract.schema_file:
-            self._check_url(spec.extract.schema_file, "extract.schema_file")
-        if spec.model.path and Location.of(spec.model.path) != Location.of(self.server_model or "/"):
-            self._check_url(spec.model.path, "model.path")
+            data["extract"]["schema_file"] = self._check_url(spec.extract.schema_file, "extract.schema_file")
+        if spec.model.path and normal_url(spec.model.path) != normal_url(self.server_model or "/"):
+            data["model"]["path"] = self._check_url(spec.model.path, "model.path")
         self._check_engine(spec.model.model_dump(exclude={"name", "path"}, exclude_none=True))
         self._check_options(reveal(spec.input.storage_options), "input.storage_options", spec.input.full_url)
         if spec.output.storage_options is not None:
             self._check_options(reveal(spec.output.storage_options), "output.storage_options", spec.output.url)
         elif spec.input.storage_options:
             self._check_options(reveal(spec.input.storage_options), "input.storage_options", spec.output.url)
+        if _protocol_of(data["input"]["url"]) in HTTP:
+            # a redirect is the web server's choice of URL, not a checked one: only those under it
+            data["output"].setdefault("storage_options", dict(data["input"].get("storage_options") or {}))
+            data["input"]["storage_options"] = {**(data["input"].get("storage_options") or {}),
+                                                REDIRECTS_OPTION: WITHIN_URL}
+        return JobSpec.from_dict(data)
 
-    def _check_url(self, url: str, param: str) -> None:
-        if "::" in url:
-            raise bad_request(f"{param}: chained URLs ('::') are not accepted here", param, "url_not_allowed")
-        if _DOTDOT.search(url):
-            raise bad_request(f"{param}: '..' segments are not accepted here", param, "url_not_allowed")
-        where = Location.of(_literal_prefix(url))
-        storage = Location.of(self.storage_url)
+    def _check_url(self, url: str, param: str) -> str:
+        """The normal form of ``url`` (a glob keeps its pattern after the normal literal part)."""
+        literal, pattern = _literal_prefix(url)
+        problem = _pattern_problem(pattern)
+        if problem:
+            raise bad_request(f"{param}: {url}: {problem}", param, "url_not_allowed")
+        try:
+            where = normal_url(literal)
+        except UrlRefused as exc:
+            raise bad_request(f"{param}: {exc}", param, "url_not_allowed") from None
+        storage = normal_url(self.storage_url)
         if where.within(storage) or storage.within(where):
             raise bad_request(f"{param}: {url} overlaps the service's own storage, which jobs may not read or "
                               "write", param, "url_not_allowed")
@@ -125,6 +124,9 @@ class SpecPolicy:
         elif where.protocol not in OBJECT_STORES:
             raise bad_request(f"{param}: {where.protocol} URLs and local paths are refused over HTTP unless the "
                               "server allows them with --allowed-url-prefix", param, "url_not_allowed")
+        if not pattern:
+            return where.url + ("/" if url.endswith("/") and not where.url.endswith("/") else "")
+        return where.url.rstrip("/") + "/" + pattern
 
     def _check_engine(self, settings: dict[str, Any]) -> None:
         """Engine settings size a worker's memory and threads: the operator's, not a team's
@@ -154,8 +156,15 @@ class SpecPolicy:
         if references:
             endpoints = [path for path, _, _ in leaves
                          if {*re.split(r"[.\[]", path)} & (_ENDPOINT_KEYS | {"headers"})]
-            if endpoints or Location.of(url).protocol not in OBJECT_STORES:
+            if endpoints or _protocol_of(url) not in OBJECT_STORES:
                 path = endpoints[0] if endpoints else where
                 raise bad_request(f"{path}: a spec that uses the server's credentials may not choose where "
                                   "they are sent: no endpoint, proxy or headers, object-store URLs only", path,
                                   "credential_not_allowed")
+
+
+def _protocol_of(url: str) -> str:
+    try:
+        return normal_url(_literal_prefix(url)[0]).protocol
+    except UrlRefused:
+        return "?"
