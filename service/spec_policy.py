@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from connectors.backends import backend_for
 from connectors.credentials import env_reference, is_sensitive
 from connectors.url_policy import HTTP, REDIRECTS_OPTION, WITHIN_URL, UrlRefused, normal_url
 from engine.model_registry import DEFAULT_MODEL
@@ -153,6 +154,11 @@ class SpecPolicy:
             where = normal_url(literal)
         except UrlRefused as exc:
             raise bad_request(f"{param}: {exc}", param, "url_not_allowed") from None
+        backend = backend_for(where.protocol)
+        if backend is None or not backend.over_http:
+            why = backend.why if backend else "a protocol this server's policy does not know"
+            raise bad_request(f"{param}: {where.protocol}:// is not opened for specs sent over HTTP ({why})", param,
+                              "url_not_allowed")
         storage = normal_url(self.storage_url)
         if where.within(storage) or storage.within(where):
             raise bad_request(f"{param}: {url} overlaps the service's own storage, which jobs may not read or "
@@ -195,8 +201,10 @@ class SpecPolicy:
                 raise bad_request(f"{path}: a ${{env:...}} reference may only be the value of a credential "
                                   "option (key, secret, token...)", path, "credential_not_allowed")
         if references:
-            endpoints = [path for path, _, _ in leaves
-                         if {*re.split(r"[.\[]", path)} & (_ENDPOINT_KEYS | {"headers"})]
+            backend = backend_for(_protocol_of(url))
+            chosen = (backend.endpoint_options | {"headers"}) if backend else frozenset()
+            endpoints = [path for path, _, _ in leaves if path.removeprefix(where + ".") in chosen
+                         or {*re.split(r"[.\[]", path)} & (_ENDPOINT_KEYS | {"headers"})]
             if endpoints or _protocol_of(url) not in OBJECT_STORES:
                 path = endpoints[0] if endpoints else where
                 raise bad_request(f"{path}: a spec that uses the server's credentials may not choose where "
