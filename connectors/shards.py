@@ -20,6 +20,7 @@ import fsspec
 import pyarrow.parquet as pq
 
 from connectors.storage import StorageError, filesystem_for, is_transient, public_url, with_retries
+from connectors.url_policy import stays_under
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,9 @@ def list_shards(
         if listed and _is_hidden(file_path[len(root) :]):
             continue
         url = fs.unstrip_protocol(file_path)
+        if listed and url.startswith(("http://", "https://")) and not stays_under(url, fs.unstrip_protocol(root)):
+            log.warning("skipping %s: a link out of the listed folder %s", url, root)
+            continue
         if not listed:
             fmt, compression = detect_format(url, format)  # explicit file: unknown format is an error
         else:

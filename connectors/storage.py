@@ -21,6 +21,7 @@ from fsspec.core import url_to_fs
 
 from connectors.credentials import CredentialError, remember_literals, resolve_references
 from connectors.redaction import redact
+from connectors.url_policy import HTTP, confine_redirects
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ def filesystem_for(url: str, storage_options: dict | None = None) -> tuple[fsspe
         if endpoint and not options.get("endpoint_url") and not client_kwargs.get("endpoint_url"):
             client_kwargs["endpoint_url"] = endpoint
             options["client_kwargs"] = client_kwargs
+    if _protocol(url) in HTTP:
+        options = confine_redirects(options)
     try:
         fs, path = url_to_fs(url, **options)
     except (ImportError, ValueError) as exc:

@@ -98,7 +98,8 @@ def serve(
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p")] = 8000,
     api_keys_file: Annotated[
-        Path | None, typer.Option("--api-keys-file", help="one key per line (also: $TOKENMILL_API_KEYS)")
+        Path | None, typer.Option("--api-keys-file", help="one key per line, or TOML giving each key its "
+                                   "own prefixes, variables and models (docs/tenants.md); also $TOKENMILL_API_KEYS")
     ] = None,
     model: Annotated[
         str | None, typer.Option("--model", help="registered model name or local directory (default: the "
@@ -129,10 +130,10 @@ def serve(
     use_broker(broker)
     from engine.model_registry import DEFAULT_MODEL
     from service.app import serve as run_server
-    from service.settings import ServiceSettings, SettingsError, load_api_keys
+    from service.settings import ServiceSettings, SettingsError, load_keys
 
     try:
-        keys = load_api_keys(os.environ.get("TOKENMILL_API_KEYS"), api_keys_file)
+        keys, key_scopes, shared = load_keys(os.environ.get("TOKENMILL_API_KEYS"), api_keys_file)
         options = json.loads(engine_options) if engine_options else {}
         if not isinstance(options, dict):
             raise SettingsError("--engine-options: expected a JSON object")
@@ -144,6 +145,7 @@ def serve(
         served_model_name=served_model_name, engine_options=options, default_max_tokens=max_tokens,
         max_upload_bytes=int(max_upload_mb * 1024 * 1024), allowed_env=list(allow_env or []),
         allowed_profiles=list(allow_profile or []), allowed_url_prefixes=list(allowed_url_prefix or []),
+        key_scopes=key_scopes, shared=shared,
     )
     typer.echo(f"tokenmill serve: http://{host}:{port}/ ({'fleet ' + broker if broker else 'embedded runner'}, "
                f"model {settings.model_name}, storage {storage})", err=True)

@@ -17,6 +17,7 @@ from service.batches import BatchAdvancer
 from service.errors import install_handlers
 from service.guard import RequestGuard
 from service.live_engine import LiveEngine, engine_settings
+from service.output_owners import OutputOwners
 from service.records import Store
 from service.routes_batches import router as batches_router
 from service.routes_completions import router as completions_router
@@ -46,9 +47,11 @@ def create_app(settings: ServiceSettings, runner: Runner | None = None) -> FastA
         yield
         advancer.stop()
 
-    app = FastAPI(title="tokenmill", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="tokenmill", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)  # the API is documented in docs/service.md, not served keyless
     app.state.settings, app.state.store, app.state.runner = settings, store, runner
     app.state.spec_policy = settings.spec_policy()
+    app.state.output_owners = OutputOwners(settings.storage_url, settings.storage_options)
     app.state.live_engine = LiveEngine(engine_settings(settings.model, settings.engine_options))
     install_handlers(app)
     metrics.install(store)

@@ -1,4 +1,4 @@
-"""The door of every ``/v1/`` route, before FastAPI reads a byte of the body.
+"""The door of every route but the keyless ones, before FastAPI reads a byte of the body.
 
 FastAPI reads and parses a request's body before it resolves dependencies, so a key checked
 as a dependency comes after a 200 MB upload has been taken in and parsed. This ASGI
@@ -21,6 +21,15 @@ from service.settings import ServiceSettings
 
 MULTIPART_ROOM = 64 * 1024
 UPLOAD_PATH = "/v1/files"
+# The only routes that answer without a key: health, Prometheus counts, the dashboard's files.
+KEYLESS_PATHS = frozenset({"/healthz", "/metrics", "/"})
+KEYLESS_PREFIX = "/static/"
+
+
+def is_keyless(path: str) -> bool:
+    """True for the public routes; everything else (``/v1/``, ``/openapi.json``, unknown paths)
+    needs a key, so a route added later is closed unless it is listed here."""
+    return path in KEYLESS_PATHS or (path.startswith(KEYLESS_PREFIX) and ".." not in path)
 
 
 class BodyTooLarge(HTTPException):
@@ -43,7 +52,7 @@ class RequestGuard:
         return self.settings.max_json_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+        if scope["type"] != "http" or is_keyless(scope["path"]):
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)

@@ -24,6 +24,7 @@ from typing import Any
 
 from engine import EngineConfig, LLMEngine, RequestError, RequestOutput, SamplingParams
 from engine.host import objects_frozen_during_call
+from service.fair_share import FairShare
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class _Call:
     prompts: list[list[int]]
     params: list[SamplingParams]
     future: Future
+    owner: str = ""  # the key's owner id: its turn in the fair share
     ids: list[str] = field(default_factory=list)
     outputs: dict[str, RequestOutput] = field(default_factory=dict)
 
@@ -46,8 +48,10 @@ def engine_settings(model: str, engine_options: dict[str, Any]) -> dict[str, Any
 
 
 class LiveEngine:
-    def __init__(self, settings: dict[str, Any]) -> None:
+    def __init__(self, settings: dict[str, Any], share: FairShare | None = None) -> None:
         self.settings = settings
+        self.share = share or FairShare()  # the engine is fed from it, one key's prompt at a time
+        self.batch = int(settings.get("max_num_seqs") or 64)
         self._cond = threading.Condition()
         self._incoming: deque[_Call] = deque()
         self._cancelled: deque[_Call] = deque()
@@ -66,10 +70,10 @@ class LiveEngine:
             self._tokenizer = load_tokenizer(resolve_model(self.settings["model"]))
         return self._tokenizer
 
-    def submit(self, prompts: list[list[int]], params: list[SamplingParams]) -> Future:
+    def submit(self, prompts: list[list[int]], params: list[SamplingParams], owner: str = "") -> Future:
         """Queue the prompts; the future gives their outputs in order, or raises the engine's
         ``RequestError`` for the first one it refuses (the others are then withdrawn)."""
-        call = _Call(prompts, params, Future())
+        call = _Call(prompts, params, Future(), owner)
         with self._cond:
             self._incoming.append(call)
             if self._thread is None or not self._thread.is_alive():
@@ -115,7 +119,7 @@ class LiveEngine:
                             break
 
     def _has_work(self, engine: LLMEngine) -> bool:
-        return bool(self._incoming or self._cancelled) or engine.has_unfinished()
+        return bool(self._incoming or self._cancelled or self.share.waiting()) or engine.has_unfinished()
 
     def _turn(self, engine: LLMEngine, live: dict[str, _Call]) -> None:
         """Take the new and cancelled calls, then run one step."""
@@ -123,9 +127,14 @@ class LiveEngine:
             new, self._incoming = list(self._incoming), deque()
             gone, self._cancelled = list(self._cancelled), deque()
         for call in new:
-            self._add(engine, call, live)
+            self.share.push(call.owner, call, len(call.prompts))
         for stub in gone:
+            self.share.drop(stub.future)
             self._abort(engine, stub.future, live)
+        room = self.batch - sum(c.params[0].n for c in live.values())
+        for call, index in self.share.take(room, lambda c, i: c.params[i].n):
+            if not call.future.done():
+                self._add(engine, call, index, live)
         if not engine.has_unfinished():
             return
         try:
@@ -134,25 +143,27 @@ class LiveEngine:
             log.exception("completions engine step failed")
             finished = []
             for call in {id(c): c for c in live.values()}.values():
+                self.share.drop(call.future)
                 self._abort(engine, call.future, live, exc)
         for out in finished:
             call = live.pop(out.request_id, None)
             if call is None:
                 continue
             call.outputs[out.request_id] = out
-            if len(call.outputs) == len(call.ids) and not call.future.done():
+            if len(call.outputs) == len(call.prompts) and not call.future.done():
                 call.future.set_result([call.outputs[i] for i in call.ids])
 
-    def _add(self, engine: LLMEngine, call: _Call, live: dict[str, _Call]) -> None:
-        for prompt, params in zip(call.prompts, call.params, strict=True):
-            request_id = f"live-{next(self._ids)}"
-            try:
-                engine.add_request(request_id, prompt, params)
-            except RequestError as exc:
-                self._abort(engine, call.future, live, RequestError(None, exc.reason))
-                return
-            call.ids.append(request_id)
-            live[request_id] = call
+    def _add(self, engine: LLMEngine, call: _Call, index: int, live: dict[str, _Call]) -> None:
+        """Prompt ``index`` of ``call`` into the engine (a call's prompts come in order)."""
+        request_id = f"live-{next(self._ids)}"
+        try:
+            engine.add_request(request_id, call.prompts[index], call.params[index])
+        except RequestError as exc:
+            self.share.drop(call.future)
+            self._abort(engine, call.future, live, RequestError(None, exc.reason))
+            return
+        call.ids.append(request_id)
+        live[request_id] = call
 
     @staticmethod
     def _abort(engine: LLMEngine, future: Future, live: dict[str, _Call], error: BaseException | None = None) -> None:

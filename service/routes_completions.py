@@ -18,9 +18,10 @@ from service.live_engine import LiveEngine
 router = APIRouter(prefix="/v1")
 
 
-async def _run(request: Request, prompts: list[list[int]], params: list) -> list:
+async def _run(request: Request, owner: str, prompts: list[list[int]], params: list) -> list:
     live: LiveEngine = request.app.state.live_engine
-    future = live.submit(prompts, params)
+    held = live.share.admit(owner, prompts, params)  # 400 over a request's bound, 429 over the key's share
+    future = live.submit(prompts, params, owner)
     try:
         return await asyncio.wrap_future(future)
     except RequestError as exc:
@@ -30,6 +31,8 @@ async def _run(request: Request, prompts: list[list[int]], params: list) -> list
         raise
     except Exception as exc:
         raise APIError(500, f"the engine failed: {type(exc).__name__}: {exc}", code="engine_error") from None
+    finally:
+        live.share.release(owner, held)
 
 
 def _tokenizer(request: Request) -> Any:
@@ -42,7 +45,7 @@ async def completions(request: Request, owner: Owner, body: Annotated[dict[str, 
     check_model(body, settings.model_name)
     tokenizer = await asyncio.to_thread(_tokenizer, request)
     ask = await asyncio.to_thread(completion_ask, body, tokenizer)
-    outs = await _run(request, ask.prompts, ask.params)
+    outs = await _run(request, owner, ask.prompts, ask.params)
     return await asyncio.to_thread(completion_body, ask, outs, settings.model_name, tokenizer)
 
 
@@ -52,5 +55,5 @@ async def chat_completions(request: Request, owner: Owner, body: Annotated[dict[
     check_model(body, settings.model_name)
     tokenizer = await asyncio.to_thread(_tokenizer, request)
     ask = await asyncio.to_thread(chat_ask, body, tokenizer, settings.default_max_tokens)
-    (out,) = await _run(request, ask.prompts, ask.params)
+    (out,) = await _run(request, owner, ask.prompts, ask.params)
     return chat_body(ask, out, settings.model_name, tokenizer)

@@ -15,6 +15,7 @@ from service.auth import Owner, owned
 from service.errors import APIError, bad_request, not_found
 from service.records import JobRecord, Store
 from service.runners import Runner
+from service.spec_policy import literal_prefix
 
 router = APIRouter(prefix="/v1/jobs")
 
@@ -29,7 +30,12 @@ def create_job(request: Request, owner: Owner, spec: Annotated[dict[str, Any], B
         raise bad_request("; ".join(lines), lines[0].split(":", 1)[0] if lines else None, "invalid_spec") from None
     if parsed.schedule:
         raise bad_request("schedule: scheduled specs run under 'tokenmill beat', not the API", "schedule")
-    request.app.state.spec_policy.check(parsed)  # before anything opens storage or resolves a credential
+    parsed = request.app.state.spec_policy.check(parsed, owner)  # normal URLs; before anything opens storage
+    owners = request.app.state.output_owners  # a team's results are its own, after its run too
+    owners.check_read(literal_prefix(parsed.input.full_url), owner, "input.url")
+    if parsed.extract is not None and parsed.extract.schema_file:
+        owners.check_read(parsed.extract.schema_file, owner, "extract.schema_file")
+    owners.claim(parsed.output.url, owner)
     store, runner = request.app.state.store, request.app.state.runner
     try:
         plan = parsed.to_plan(_fresh_job_id(parsed, store, runner))

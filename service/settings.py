@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.model_registry import DEFAULT_MODEL
+from service.scopes import KeyScope, SharedScope, is_toml, parse_keys_file
 
 if TYPE_CHECKING:
     from service.spec_policy import SpecPolicy
@@ -29,16 +30,32 @@ def key_id(api_key: str) -> str:
 
 def load_api_keys(env_value: str | None, keys_file: Path | None) -> list[str]:
     """Keys from $TOKENMILL_API_KEYS (comma-separated) and a file (one per line, '#' comments)."""
+    return load_keys(env_value, keys_file)[0]
+
+
+def load_keys(env_value: str | None, keys_file: Path | None) -> tuple[list[str], dict[str, KeyScope], SharedScope]:
+    """Keys, the scopes a TOML keys file gives some of them (``service.scopes``) and its shared scope."""
     keys = [k.strip() for k in (env_value or "").split(",") if k.strip()]
+    scopes: dict[str, KeyScope] = {}
+    shared = SharedScope()
     if keys_file is not None:
         try:
-            lines = keys_file.read_text(encoding="utf-8").splitlines()
+            text = keys_file.read_text(encoding="utf-8")
         except OSError as exc:
             raise SettingsError(f"--api-keys-file {keys_file}: {exc.strerror or exc}") from None
-        keys += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+        if is_toml(text):
+            try:
+                parsed, scopes = parse_keys_file(text, keys_file)
+            except ValueError as exc:
+                raise SettingsError(f"--api-keys-file {exc}") from None
+            shared = parsed.shared
+            keys += list(scopes)
+        else:
+            lines = text.splitlines()
+            keys += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
     if not keys:
         raise SettingsError("no API keys: set TOKENMILL_API_KEYS (comma-separated) or give --api-keys-file")
-    return keys
+    return keys, scopes, shared
 
 
 @dataclass
@@ -60,7 +77,9 @@ class ServiceSettings:
     # What a spec posted to /v1/jobs may reach (service.spec_policy): nothing of the server's by default.
     allowed_env: list[str] = field(default_factory=list)  # fnmatch patterns of variable names
     allowed_profiles: list[str] = field(default_factory=list)
-    allowed_url_prefixes: list[str] = field(default_factory=list)
+    allowed_url_prefixes: list[str] = field(default_factory=list)  # every key reads and writes there
+    key_scopes: dict[str, KeyScope] = field(default_factory=dict)  # {key: its own reach} (a TOML keys file)
+    shared: SharedScope = field(default_factory=SharedScope)  # every key's, read-only unless under write
 
     @property
     def model_name(self) -> str:
@@ -74,7 +93,8 @@ class ServiceSettings:
         from service.spec_policy import SpecPolicy
 
         return SpecPolicy(self.storage_url, tuple(self.allowed_env), tuple(self.allowed_profiles),
-                          tuple(self.allowed_url_prefixes), self.model, tuple(self.engine_options.items()))
+                          tuple(self.allowed_url_prefixes), self.model, tuple(self.engine_options.items()),
+                          self.shared, {key_id(k): scope for k, scope in self.key_scopes.items()})
 
     def model_section(self) -> dict[str, Any]:
         """The ``[model]`` table of the job specs the server builds for batches."""

@@ -44,8 +44,9 @@ class RecordingRunner:
 
 def settings_for(tmp_path: Path, **values: Any) -> ServiceSettings:
     values.setdefault("storage_url", str(tmp_path / "storage"))
-    return ServiceSettings(api_keys=[KEY_A, KEY_B], model="smollm2-135m-instruct", served_model_name="tiny-test",
-                           **values)
+    values.setdefault("model", "smollm2-135m-instruct")
+    values.setdefault("api_keys", [KEY_A, KEY_B])
+    return ServiceSettings(served_model_name="tiny-test", **values)
 
 
 def client(settings: ServiceSettings, runner: Any | None = None) -> TestClient:
