@@ -97,6 +97,8 @@ def samples_table(samples: list[dict[str, Any]], width: int = 400) -> Table:
 def print_run(console: Console, manifest: dict[str, Any], samples: list[dict[str, Any]],
               extra: dict[str, str] | None = None) -> None:
     console.print(run_summary(manifest))
+    if manifest.get("error"):  # one unwrapped line: it names the commonest error whole
+        console.print(f"error: {manifest['error']}", soft_wrap=True, markup=False, highlight=False, style="red")
     for line in output_lines(manifest, extra):
         console.print(line, soft_wrap=True, markup=False, highlight=False)
     if samples:

@@ -4,7 +4,8 @@ Job status: ``succeeded`` when every shard is done or skipped (the only case tha
 writes ``_SUCCESS``); ``completed_with_errors`` when some shard failed (its reason is
 listed, the other parts are valid, a re-run redoes only the missing parts);
 ``cancelled`` when the job was cancelled; ``failed`` when the fleet lost the job (see
-``tokenmill.job_failed``). Per-row errors do not change the status; they are counted.
+``tokenmill.job_failed``) or when its error rows pass the plan's error budget (set when the
+manifest is published: ``pipeline.error_budget``). Fewer error rows are counted only.
 
 Nothing from ``storage_options`` or ``hook_options`` is written, and URLs (in reasons
 too) lose any ``user:password@`` part.
