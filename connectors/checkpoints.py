@@ -115,6 +115,11 @@ class ShardCheckpoint:
             log.warning("checkpoint record of %s malformed, recomputing the shard: %s", self.url, exc)
             return []
 
+    def recorded_rows(self) -> int:
+        """Rows ``[0, n)`` the record names for this fingerprint (chunks unverified): for status."""
+        chunks = self._record()
+        return chunks[-1].end if chunks else 0
+
     def _verified(self, entry: ChunkEntry, start: int) -> LoadedChunk:
         """The chunk's rows and lines, or ValueError naming what does not hold."""
         if entry.start != start or entry.end <= start:
