@@ -63,6 +63,17 @@ def final_status(outcomes: list[ShardOutcome], cancelled: bool = False) -> JobSt
     return JobStatus.SUCCEEDED
 
 
+def row_sources(outcomes: list[ShardOutcome]) -> dict[str, int]:
+    """Where the output's rows came from; they add up to ``rows``: computed by this run, taken
+    from a checkpoint, from the previous part, from an identical row, or in a part already current."""
+    done = [o for o in outcomes if o.state == ShardState.DONE]
+    taken = {k: sum(getattr(o, k) for o in done) for k in ("rows_resumed", "rows_reused", "rows_shared")}
+    return {
+        "rows_computed": sum(o.counts.rows for o in done) - sum(taken.values()), **taken,
+        "rows_current": sum(o.counts.rows for o in outcomes if o.state == ShardState.SKIPPED),
+    }
+
+
 def engine_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """Counters for one run on an engine that may have served earlier runs (peaks are lifetime)."""
     out = {k: after[k] - before.get(k, 0) for k in _COUNTERS}
@@ -119,9 +130,13 @@ def build_manifest(
                                                    "cached_prompt_tokens")},
     }
     done = [o for o in outcomes if o.state == ShardState.DONE]
+    totals.update(row_sources(outcomes))
+    # tokens/s of this run's work: the engine's own count when it is this run's (embedded), else
+    # the done shards' (a fleet job; rows taken from a checkpoint or a previous part count there)
+    computed_tokens = (engine_stats or {}).get("decode_tokens", sum(o.counts.output_tokens for o in done))
     stats: dict[str, Any] = {
         "elapsed_s": round(elapsed_s, 3),
-        "output_tokens_per_s": round(sum(o.counts.output_tokens for o in done) / elapsed_s, 2) if elapsed_s else 0.0,
+        "output_tokens_per_s": round(computed_tokens / elapsed_s, 2) if elapsed_s else 0.0,
         "rows_per_s": round(sum(o.counts.rows for o in done) / elapsed_s, 2) if elapsed_s else 0.0,
         "prefix_cache_hit_tokens": sum(o.counts.cached_prompt_tokens for o in done),
         "kv_peak_usage": max((o.engine_counters.get("kv_peak_usage", 0.0) for o in outcomes), default=0.0),
