@@ -49,7 +49,13 @@ from connectors.part_lines import (
     part_lines_url,
     write_part_lines,
 )
-from connectors.part_reads import read_part_columns, read_part_head, read_part_if_any, read_parts
+from connectors.part_reads import (
+    list_part_sizes,
+    read_part_columns,
+    read_part_head,
+    read_part_if_any,
+    read_parts,
+)
 from connectors.records import Record, ShardReadError, read_records
 from connectors.shards import ShardRef, detect_format, list_shards
 from connectors.storage import (
@@ -101,6 +107,7 @@ __all__ = [
     "read_lines",
     "read_manifest",
     "remove_optional",
+    "list_part_sizes",
     "read_part_columns",
     "read_part_commit",
     "read_part_footer",

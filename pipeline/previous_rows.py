@@ -2,6 +2,11 @@
 takes instead of computing (issue 28). A nightly job over a file that gained 1% new rows
 computes those rows, not the file.
 
+A row not in its own shard's previous part is looked up in every part of the output
+(``load_output_rows``): a row moved to another file is taken from wherever it sat, as long as
+the output's parts weigh at most ``OUTPUT_ROWS_BYTES`` (their computed columns are held in
+memory for the run; a larger output looks in the shard's own part only).
+
 Only results that are whole in a part are taken: generate mode (a scoring mode's values and
 an OpenAI batch line's choices are not all kept in the part) and rows without an error (an
 error may be transient, and a row step's error is the step's to make again).
@@ -14,13 +19,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from connectors import ShardRef, read_part_if_any
+from connectors import ShardRef, list_part_sizes, read_part_if_any
 from pipeline.output_columns import COMPUTED_COLUMNS
 from pipeline.plan import JobPlan, RequestMode
 
 log = logging.getLogger(__name__)
 
 _SAMPLE_COLUMNS = ("samples", "sample_finish_reasons")  # generate mode's own, with n samples
+# The output-wide lookup reads every part's computed columns once a run: a bound on its memory.
+OUTPUT_ROWS_BYTES = 256 * 2**20
 
 
 class PreviousRows:
@@ -43,14 +50,48 @@ class PreviousRows:
         return {**row, "error": None}
 
 
+def _columns(plan: JobPlan) -> list[str] | None:
+    """The columns a taken row needs; None if the plan's results are not whole in a part."""
+    if plan.request_mode != RequestMode.GENERATE or plan.openai_output:
+        return None
+    return [*COMPUTED_COLUMNS, *(c for c in _SAMPLE_COLUMNS if c in plan.extra_columns)]
+
+
+def _read(plan: JobPlan, part: str, columns: list[str]) -> pa.Table | None:
+    table = read_part_if_any(plan.output_url, part, ["content_key", "error", *columns], plan.output_options)
+    if table is None or not {"content_key", "error", *columns} <= set(table.column_names):
+        return None
+    return table.select(["content_key", "error", *columns])
+
+
+def load_output_rows(plan: JobPlan) -> PreviousRows | None:
+    """Every committed row of every part of the output, by content key (see the docstring);
+    None if there is none, nothing can be taken or the parts weigh over ``OUTPUT_ROWS_BYTES``."""
+    columns = _columns(plan)
+    if columns is None:
+        return None
+    sizes = list_part_sizes(plan.output_url, plan.output_options)
+    if sum(sizes.values()) > OUTPUT_ROWS_BYTES:
+        log.info("the parts of %s weigh over %d MiB: rows are taken from their own shard's part only",
+                 plan.output_url, OUTPUT_ROWS_BYTES >> 20)
+        return None
+    tables = [t for t in (_read(plan, part, columns) for part in sorted(sizes)) if t is not None]
+    if not tables:
+        return None
+    try:
+        rows = PreviousRows(pa.concat_tables(tables, promote_options="permissive"), columns)
+    except Exception as exc:  # parts this code did not write: compute, as without them
+        log.warning("cannot index the parts of %s: %s: %s", plan.output_url, type(exc).__name__, exc)
+        return None
+    return rows or None
+
+
 def load_previous_rows(plan: JobPlan, ref: ShardRef) -> PreviousRows | None:
     """The previous part of ``ref``'s shard, whatever input version or plan wrote it (the keys
     say which rows still hold); None if there is none or nothing in it can be taken."""
-    if plan.request_mode != RequestMode.GENERATE or plan.openai_output:
-        return None
-    columns = [*COMPUTED_COLUMNS, *(c for c in _SAMPLE_COLUMNS if c in plan.extra_columns)]
-    table = read_part_if_any(plan.output_url, ref.part_id, ["content_key", "error", *columns], plan.output_options)
-    if table is None or not {"content_key", "error", *columns} <= set(table.column_names):
+    columns = _columns(plan)
+    table = None if columns is None else _read(plan, ref.part_id, columns)
+    if table is None or columns is None:
         return None
     try:
         rows = PreviousRows(table, columns)

@@ -167,3 +167,24 @@ def test_nothing_is_taken_from_a_part_of_another_prompt_sampling_or_model(where:
     engine = CountingEngine()
     (outcome,) = _run(plan, engine)  # the last run's part is the model's: nothing from it either
     assert outcome.rows_reused == 0 and len(engine.rows) == 31
+
+
+def test_a_row_moved_to_another_file_is_taken_from_the_part_it_sat_in(where: Where) -> None:
+    where.put("a.jsonl", jsonl_bytes(_docs(20)))
+    where.put("b.jsonl", jsonl_bytes(_docs(20, start=20)))
+    plan = make_plan(where.input_url, where.output_url, MODEL, storage_options=where.options,
+                     sampling={"max_tokens": 2, "temperature": 0.0, "ignore_eos": True})
+    first = CountingEngine(max_num_seqs=8)
+    assert [o.state for o in _run(plan, first)] == [ShardState.DONE, ShardState.DONE]
+    before = {r["id"]: r for r in read_parts(plan.output_url, plan.output_options).to_pylist()}
+
+    where.put("a.jsonl", jsonl_bytes(_docs(10)))  # d10..d19 move to a new file, with one new row
+    where.put("c.jsonl", jsonl_bytes([*_docs(10, start=10), {"id": "new", "text": "a new document", "lang": "en"}]))
+    second = CountingEngine(max_num_seqs=8)
+    a, b, c = _run(plan, second)
+    assert (a.state, b.state, c.state) == (ShardState.DONE, ShardState.SKIPPED, ShardState.DONE)
+    assert (a.rows_reused, c.rows_reused) == (10, 10)
+    assert len(second.rows) == 1  # the new row only
+    after = {r["id"]: r for r in read_parts(plan.output_url, plan.output_options).to_pylist()}
+    for i in range(10, 20):  # the moved rows, byte for byte (their latency too)
+        assert after[f"d{i}"] == before[f"d{i}"]
