@@ -94,7 +94,8 @@ class OutputSection(Section):
     max_error_fraction: float | None = Field(
         None, ge=0, le=1,
         description=f"fail the job when more than this fraction of its rows are errors (default "
-                    f"{DEFAULT_MAX_ERROR_FRACTION}; 1 for kind openai_batch, whose errors go to the error file)",
+                    f"{DEFAULT_MAX_ERROR_FRACTION}; 1 for kinds openai_batch and harness_requests, whose callers read "
+                    f"each row's error)",
     )
     max_error_rows: int | None = Field(None, ge=0, description="... or more than this many (default: no count limit)")
 

@@ -35,6 +35,10 @@ from jobs.sections import EvaluateSection, ExtractSection, InputSection, OutputS
 from pipeline.output_columns import RESERVED_COLUMNS  # passthrough fields must not reuse these
 from pipeline.plan import DEFAULT_MAX_ERROR_FRACTION, JobPlan
 
+# Kinds whose callers read each row's error themselves (an OpenAI batch's error file, lm-eval's
+# requests): no error budget unless the spec sets one.
+ERRORS_ARE_RESULTS = ("openai_batch", "harness_requests")
+
 
 class SpecFileError(ValueError):
     """The spec file cannot be read or parsed (before any field is validated)."""
@@ -163,7 +167,7 @@ class JobSpec(Section):
             checkpoint_rows=self.output.checkpoint_rows,
             checkpoint_seconds=self.output.checkpoint_seconds,
             max_error_fraction=self.output.max_error_fraction if self.output.max_error_fraction is not None
-            else 1.0 if self.kind == "openai_batch" else DEFAULT_MAX_ERROR_FRACTION,
+            else 1.0 if self.kind in ERRORS_ARE_RESULTS else DEFAULT_MAX_ERROR_FRACTION,
             max_error_rows=self.output.max_error_rows,
         )
         values.update(kind.plan_fields(self, read_only=read_only))

@@ -72,6 +72,6 @@ def apply_error_budget(plan: JobPlan, manifest: dict[str, Any]) -> None:
     message = f"{errors} of {rows} rows failed ({errors / rows:.0%}; over {limit})"
     commonest = commonest_error(plan, manifest)
     if commonest is not None:
-        message += f"; commonest error ({commonest[1]} rows): {commonest[0]}"
+        message += f"; commonest error ({commonest[1]} row{'s' if commonest[1] != 1 else ''}): {commonest[0]}"
     log.error("job %s failed: %s", plan.job_id, message)
     manifest["status"], manifest["success_marker"], manifest["error"] = JobStatus.FAILED.value, False, message

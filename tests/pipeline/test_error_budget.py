@@ -92,6 +92,8 @@ def test_the_fleet_finalizer_applies_the_budget(where: Where, tiny_model_dir: Pa
 def test_openai_batches_keep_their_errors_in_the_error_file() -> None:
     batch = JobSpec.from_file(EXAMPLES / "openai_batch.toml").to_plan("b", read_only=True)
     assert batch.max_error_fraction == 1.0
+    harness = JobSpec.from_file(EXAMPLES / "harness_requests.toml").to_plan("h", read_only=True)
+    assert harness.max_error_fraction == 1.0  # lm-eval reads each request's error itself
     summarize = JobSpec.from_file(EXAMPLES / "summarize.toml").to_plan("s", read_only=True)
     assert summarize.max_error_fraction == DEFAULT_MAX_ERROR_FRACTION and summarize.max_error_rows is None
 
