@@ -7,9 +7,10 @@ A row not in its own shard's previous part is looked up in every part of the out
 the output's parts weigh at most ``OUTPUT_ROWS_BYTES`` (their computed columns are held in
 memory for the run; a larger output looks in the shard's own part only).
 
-Only results that are whole in a part are taken: generate mode (a scoring mode's values and
-an OpenAI batch line's choices are not all kept in the part) and rows without an error (an
-error may be transient, and a row step's error is the step's to make again).
+Only results that are whole in a part are taken: every request mode's (generate, scoring,
+perplexity, token requests: the mode's columns are in the part), not an OpenAI batch line's
+(its choices are in the lines only), and rows without an error (an error may be transient,
+and a row step's error is the step's to make again).
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from pipeline.plan import JobPlan, RequestMode
 
 log = logging.getLogger(__name__)
 
-_SAMPLE_COLUMNS = ("samples", "sample_finish_reasons")  # generate mode's own, with n samples
+# Each request mode's own columns (``pipeline.row_requests``): with the computed columns, all a
+# finished row's values; the kind's row step derives the rest (a score) from them again.
+_MODE_COLUMNS = {
+    RequestMode.GENERATE: ("samples", "sample_finish_reasons"),  # with n samples
+    RequestMode.LOGLIKELIHOOD: ("choice_logprobs", "choice_tokens"),
+    RequestMode.PERPLEXITY: ("nll", "tokens", "perplexity"),
+    RequestMode.TOKENS: ("logprob", "is_greedy"),
+}
 # The output-wide lookup reads every part's computed columns once a run: a bound on its memory.
 OUTPUT_ROWS_BYTES = 256 * 2**20
 
@@ -51,10 +59,11 @@ class PreviousRows:
 
 
 def _columns(plan: JobPlan) -> list[str] | None:
-    """The columns a taken row needs; None if the plan's results are not whole in a part."""
-    if plan.request_mode != RequestMode.GENERATE or plan.openai_output:
+    """The columns a taken row needs; None if the plan's results are not whole in a part (an
+    OpenAI line's choices are in its ``.jsonl`` lines only)."""
+    if plan.openai_output:
         return None
-    return [*COMPUTED_COLUMNS, *(c for c in _SAMPLE_COLUMNS if c in plan.extra_columns)]
+    return [*COMPUTED_COLUMNS, *(c for c in _MODE_COLUMNS[plan.request_mode] if c in plan.extra_columns)]
 
 
 def _read(plan: JobPlan, part: str, columns: list[str]) -> pa.Table | None:

@@ -188,3 +188,33 @@ def test_a_row_moved_to_another_file_is_taken_from_the_part_it_sat_in(where: Whe
     after = {r["id"]: r for r in read_parts(plan.output_url, plan.output_options).to_pylist()}
     for i in range(10, 20):  # the moved rows, byte for byte (their latency too)
         assert after[f"d{i}"] == before[f"d{i}"]
+
+
+@pytest.mark.parametrize(("example", "data"), [("evaluate_loglikelihood.toml", "mmlu_style.jsonl"),
+                                               ("perplexity.toml", "perplexity.jsonl"),
+                                               ("harness_requests.toml", "harness_requests.jsonl")])
+def test_a_rerun_of_a_scoring_kind_takes_the_unchanged_rows(tmp_path: Path, tiny_model_dir, example: str,
+                                                             data: str) -> None:
+    """Log-likelihood scoring, perplexity and token requests (issue 41, point 6): their values are
+    whole in the part, so an unchanged row is taken, byte for byte, and the kind's row step
+    derives the rest again."""
+    import tomllib
+
+    from jobs import JobSpec
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    rows = (examples / "data" / data).read_text().splitlines()[:6]
+    values = tomllib.loads((examples / example).read_text())
+    values["input"]["url"], values["output"]["url"] = "in/", "out/"
+    values["model"] = {"path": str(tiny_model_dir), "num_threads": 1, "max_num_seqs": 8}
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in/data.jsonl").write_text("\n".join(rows[:-1]) + "\n")
+    plan = JobSpec.from_dict(values, base_dir=tmp_path).to_plan("first")
+    assert run_embedded(plan, progress=False)["status"] == "succeeded"
+    before = read_parts(plan.output_url)
+    (tmp_path / "in/data.jsonl").write_text("\n".join(rows) + "\n")  # one row appended
+    manifest = run_embedded(plan, progress=False)
+    (shard,) = manifest["shards"]
+    assert (shard["status"], shard["rows"], shard["rows_reused"]) == ("done", len(rows), len(rows) - 1)
+    assert manifest["engine_stats"]["prompt_tokens_computed"] > 0  # the new row was computed
+    assert read_parts(plan.output_url).slice(0, len(rows) - 1).equals(before)
