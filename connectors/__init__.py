@@ -47,6 +47,7 @@ from connectors.part_lines import (
     merge_part_lines,
     part_lines_are_current,
     part_lines_url,
+    read_part_lines,
     write_part_lines,
 )
 from connectors.part_reads import (
@@ -108,6 +109,7 @@ __all__ = [
     "read_manifest",
     "remove_optional",
     "list_part_sizes",
+    "read_part_lines",
     "read_part_columns",
     "read_part_commit",
     "read_part_footer",

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from fake_engine import FakeEngine
-from pipeline_support import jsonl_bytes, make_plan
+from pipeline_support import jsonl_bytes, make_plan, tiny_engine
 from test_checkpoints import CountingEngine, Where
 
 from connectors import list_shards, part_name, read_manifest, read_parts
@@ -206,7 +206,8 @@ def test_a_rerun_of_a_scoring_kind_takes_the_unchanged_rows(tmp_path: Path, tiny
     rows = (examples / "data" / data).read_text().splitlines()[:6]
     values = tomllib.loads((examples / example).read_text())
     values["input"]["url"], values["output"]["url"] = "in/", "out/"
-    values["model"] = {"path": str(tiny_model_dir), "num_threads": 1, "max_num_seqs": 8}
+    engine = tiny_engine(tiny_model_dir)  # the settings of the other tests: their cached engine
+    values["model"] = {"path": engine.pop("model"), **engine}
     (tmp_path / "in").mkdir()
     (tmp_path / "in/data.jsonl").write_text("\n".join(rows[:-1]) + "\n")
     plan = JobSpec.from_dict(values, base_dir=tmp_path).to_plan("first")
@@ -218,3 +219,43 @@ def test_a_rerun_of_a_scoring_kind_takes_the_unchanged_rows(tmp_path: Path, tiny
     assert (shard["status"], shard["rows"], shard["rows_reused"]) == ("done", len(rows), len(rows) - 1)
     assert manifest["engine_stats"]["prompt_tokens_computed"] > 0  # the new row was computed
     assert read_parts(plan.output_url).slice(0, len(rows) - 1).equals(before)
+
+
+def test_a_rerun_of_an_openai_batch_takes_the_unchanged_rows_and_their_lines(tmp_path: Path, tiny_model_dir) -> None:
+    """OpenAI lines (issue 41, point 6): a taken row's choices are read back from its part's lines,
+    so the line is the same again, but for ``created``."""
+    import json
+    import tomllib
+
+    from connectors import list_shards, read_part_lines
+    from jobs import JobSpec
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    requests = (examples / "data/batch_input.jsonl").read_text().splitlines()
+    values = tomllib.loads((examples / "openai_batch.toml").read_text())
+    values["input"]["url"], values["output"]["url"] = "in/batch.jsonl", "out/"
+    engine = tiny_engine(tiny_model_dir)  # the settings of the other tests: their cached engine
+    values["model"] = {"path": engine.pop("model"), **engine}
+    values["sampling"]["max_tokens"] = 4
+    (tmp_path / "in").mkdir()
+
+    def run(lines: list[str]) -> tuple[dict, list[dict]]:
+        (tmp_path / "in/batch.jsonl").write_text("\n".join(lines) + "\n")
+        plan = JobSpec.from_dict(values, base_dir=tmp_path).to_plan("batch")
+        manifest = run_embedded(plan, progress=False)
+        (shard,) = list_shards(plan.input_url)
+        return manifest, read_part_lines(plan.output_url, shard.part_id) or []
+
+    first, before = run(requests[:-1])
+    assert first["status"] == "succeeded" and len(before) == len(requests) - 1
+    added = json.loads(requests[-1])
+    added["custom_id"] = "added"
+    second, after = run([*requests[:-1], json.dumps(added)])
+    (shard,) = second["shards"]
+    assert (shard["rows"], shard["rows_reused"]) == (len(requests), len(requests) - 1)
+
+    def without_created(line: dict) -> dict:
+        return {**line, "response": {**line["response"], "body": {**line["response"]["body"], "created": 0}}}
+
+    assert [without_created(x) for x in after[:-1]] == [without_created(x) for x in before]
+    assert after[-1]["custom_id"] == "added" and after[-1]["response"]["body"]["choices"]
