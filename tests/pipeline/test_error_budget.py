@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_support import jsonl_bytes, make_plan, tiny_engine
+from pipeline_support import jsonl_bytes, make_plan, tiny_model_toml
 from test_checkpoints import Where
 from typer.testing import CliRunner
 
@@ -102,9 +102,8 @@ def test_tokenmill_run_exits_non_zero_naming_the_commonest_error(tmp_path: Path,
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs/a.jsonl").write_bytes(jsonl_bytes(_rows(bad=10)))
     spec = tmp_path / "job.toml"
-    model = tiny_engine(tiny_model_dir)["model"]
-    spec.write_text(f'name = "budget"\n[input]\nurl = "docs/"\nid_field = "id"\n[output]\nurl = "out/"\n'
-                    f'[model]\npath = "{model}"\nmax_num_seqs = 4\nnum_threads = 1\n[sampling]\nmax_tokens = 2\n')
+    spec.write_text('name = "budget"\n[input]\nurl = "docs/"\nid_field = "id"\n[output]\nurl = "out/"\n'
+                    f"{tiny_model_toml(tiny_model_dir)}[sampling]\nmax_tokens = 2\n")
     result = CliRunner().invoke(app, ["run", str(spec), "--no-progress", "--show", "0"])
     assert result.exit_code == 1, result.output
     flat = " ".join(result.output.split())

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_support import jsonl_bytes, make_plan, tiny_engine
+from pipeline_support import jsonl_bytes, make_plan, tiny_model_toml
 from test_checkpoints import Where
 from typer.testing import CliRunner
 
@@ -86,12 +86,10 @@ def test_a_signal_checkpoints_the_finished_rows_and_the_rerun_starts_after_them(
 def test_sigterm_to_tokenmill_run_mid_shard_then_the_rerun_resumes(tmp_path: Path, tiny_model_dir: Path) -> None:
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs/a.jsonl").write_bytes(jsonl_bytes(_docs(96)))
-    model = tiny_engine(tiny_model_dir)["model"]
     spec = tmp_path / "job.toml"
-    spec.write_text(f'name = "sigterm"\n[input]\nurl = "docs/"\nid_field = "id"\n'
-                    f'[output]\nurl = "out/"\ncheckpoint_rows = 16\n'
-                    f'[model]\npath = "{model}"\nmax_num_seqs = 4\nnum_threads = 1\n'
-                    f"[sampling]\nmax_tokens = 4\nignore_eos = true\n")
+    spec.write_text('name = "sigterm"\n[input]\nurl = "docs/"\nid_field = "id"\n'
+                    '[output]\nurl = "out/"\ncheckpoint_rows = 16\n'
+                    f"{tiny_model_toml(tiny_model_dir)}[sampling]\nmax_tokens = 4\nignore_eos = true\n")
     command = [sys.executable, "-m", "jobs.cli", "run", str(spec), "--no-progress", "--show", "0", "--json"]
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     run = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
