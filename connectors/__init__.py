@@ -47,9 +47,16 @@ from connectors.part_lines import (
     merge_part_lines,
     part_lines_are_current,
     part_lines_url,
+    read_part_lines,
     write_part_lines,
 )
-from connectors.part_reads import read_part_columns, read_part_head, read_part_if_any, read_parts
+from connectors.part_reads import (
+    list_part_sizes,
+    read_part_columns,
+    read_part_head,
+    read_part_if_any,
+    read_parts,
+)
 from connectors.records import Record, ShardReadError, read_records
 from connectors.shards import ShardRef, detect_format, list_shards
 from connectors.storage import (
@@ -101,6 +108,8 @@ __all__ = [
     "read_lines",
     "read_manifest",
     "remove_optional",
+    "list_part_sizes",
+    "read_part_lines",
     "read_part_columns",
     "read_part_commit",
     "read_part_footer",

@@ -5,7 +5,7 @@ complete new object, never a partial one: a local move is a rename, and on S3 th
 move is a server-side copy that only materialises the destination when complete,
 then the delete of the temporary. The object is committed once the copy is done; a
 worker that dies before the delete leaves a temporary under `_tmp/`, a name that input
-and output listings skip.
+and output listings skip. A local `_tmp/` is removed once empty, so a finished output keeps none.
 """
 
 from __future__ import annotations
@@ -74,9 +74,33 @@ def _pause_between_copy_and_delete(path: str) -> None:
     pause_point(PAUSE_ENV, path)
 
 
+def remove_empty_folder(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """Remove a local folder if it is empty (a finished output keeps no empty ``_tmp/``); an
+    object store has no folders, only keys, so there is nothing to remove."""
+    if isinstance(fs, LocalFileSystem):
+        try:
+            os.rmdir(path)
+        except OSError:  # not empty (another writer's temporary), or gone already
+            pass
+
+
+def _open_tmp(fs: fsspec.AbstractFileSystem, tmp: str) -> IO[bytes]:
+    """Open the temporary, making its folder; again if another writer removed the folder
+    between the two (``remove_empty_folder``)."""
+    for attempt in range(3):
+        fs.makedirs(posixpath.dirname(tmp), exist_ok=True)
+        try:
+            return fs.open(tmp, "wb")
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 def _move(fs: fsspec.AbstractFileSystem, tmp: str, path: str, what: str) -> None:
     if isinstance(fs, LocalFileSystem):
         with_retries(lambda: fs.mv(tmp, path), what=f"commit {what}")
+        remove_empty_folder(fs, posixpath.dirname(tmp))
         return
     with_retries(lambda: fs.copy(tmp, path), what=f"commit {what}")
     _pause_between_copy_and_delete(path)
@@ -94,8 +118,7 @@ def atomic_write(
     tmp = temp_path(path)
 
     def write_tmp() -> None:
-        fs.makedirs(posixpath.dirname(tmp), exist_ok=True)
-        with fs.open(tmp, "wb") as f:
+        with _open_tmp(fs, tmp) as f:
             write(f)
 
     try:

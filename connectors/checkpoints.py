@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from connectors.atomic import atomic_write, pause_point
+from connectors.atomic import atomic_write, pause_point, remove_empty_folder
 from connectors.parquet_sink import FINGERPRINT_KEY, PartId, part_id_of, part_name
 from connectors.storage import filesystem_for, join_url, with_retries
 
@@ -114,6 +114,11 @@ class ShardCheckpoint:
         except TypeError as exc:
             log.warning("checkpoint record of %s malformed, recomputing the shard: %s", self.url, exc)
             return []
+
+    def recorded_rows(self) -> int:
+        """Rows ``[0, n)`` the record names for this fingerprint (chunks unverified): for status."""
+        chunks = self._record()
+        return chunks[-1].end if chunks else 0
 
     def _verified(self, entry: ChunkEntry, start: int) -> LoadedChunk:
         """The chunk's rows and lines, or ValueError naming what does not hold."""
@@ -201,4 +206,5 @@ class ShardCheckpoint:
             log.warning("could not remove checkpoint %s: %s", self.url, exc)
         finally:
             self.fs.invalidate_cache(self.path)
+        remove_empty_folder(self.fs, posixpath.dirname(self.path))  # the last shard's leaves no `_checkpoints/`
         self.chunks = []

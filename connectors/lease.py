@@ -2,9 +2,13 @@
 
 Two runs on one output (two submits of a spec, a changed spec, ``tokenmill run`` beside a
 fleet job) would mix their parts, and either could write the manifest and ``_SUCCESS``. A
-run first takes the lease: ``{"run_id", "holder", "heartbeat", "ttl_s"}``. While another
-run's heartbeat is younger than its ``ttl_s`` the output is refused (``OutputLeased`` names
-that run); a lease whose heartbeat is older is stale (its run died) and is taken over.
+run first takes the lease: ``{"run_id", "holder", "heartbeat", "ttl_s", "host", "pid"}``.
+While another run's heartbeat is younger than its ``ttl_s`` the output is refused
+(``OutputLeased`` names that run); a lease whose heartbeat is older is stale (its run died)
+and is taken over. ``host`` and ``pid`` are set when the run lives in one process (an
+embedded run, a finalizer publishing): a lease of this host whose pid is gone is taken over
+at once (``holder_gone``), without waiting for ``ttl_s``. A fleet job's lease has no pid: the
+process that submitted it exits at once, and its workers renew it.
 
 Taking is an exclusive create (``open(..., "xb")``: ``If-None-Match: *`` on S3, ``O_EXCL``
 locally), then a read-back of the run id, for stores that ignore the condition. Taking over
@@ -18,12 +22,17 @@ and revived can do).
 from __future__ import annotations
 
 import json
+import logging
+import os
+import socket
 import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 from connectors.manifest import read_optional_bytes, remove_optional, write_bytes
 from connectors.storage import StorageError, filesystem_for, join_url, public_url, with_retries
+
+log = logging.getLogger(__name__)
 
 LEASE_NAME = "_lease.json"
 DEFAULT_TTL_S = 120.0  # no heartbeat for this long: the holder is taken to be dead
@@ -35,9 +44,23 @@ class Lease:
     holder: str  # who runs it, for people: mode, host, pid
     heartbeat: float  # epoch seconds of the last renewal
     ttl_s: float
+    host: str | None = None  # with pid: the one process that holds it (none for a fleet job)
+    pid: int | None = None
 
     def is_stale(self, now: float) -> bool:
         return now - self.heartbeat > self.ttl_s
+
+    def holder_gone(self) -> bool:
+        """Its process was on this host and exists no more (a pid reused since reads as alive)."""
+        if self.pid is None or self.host != socket.gethostname() or self.pid == os.getpid():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # EPERM: alive, another user's
+            return False
+        return False
 
     def to_bytes(self) -> bytes:
         when = datetime.fromtimestamp(self.heartbeat, UTC).isoformat(timespec="seconds")
@@ -69,7 +92,9 @@ def read_lease(output_url: str, storage_options: dict | None = None) -> Lease | 
         return None
     try:
         raw = json.loads(data)
-        return Lease(str(raw["run_id"]), str(raw["holder"]), float(raw["heartbeat"]), float(raw["ttl_s"]))
+        pid = raw.get("pid")
+        return Lease(str(raw["run_id"]), str(raw["holder"]), float(raw["heartbeat"]), float(raw["ttl_s"]),
+                     raw.get("host"), None if pid is None else int(pid))
     except (ValueError, KeyError, TypeError):
         return Lease("?", "unreadable lease", 0.0, 0.0)
 
@@ -106,13 +131,15 @@ def _remove(output_url: str, storage_options: dict | None) -> None:
 
 def acquire_lease(
     output_url: str, run_id: str, holder: str, storage_options: dict | None = None, *,
-    ttl_s: float = DEFAULT_TTL_S, now: float | None = None,
+    ttl_s: float = DEFAULT_TTL_S, now: float | None = None, this_process: bool = False,
 ) -> Lease:
     """Take the output for ``run_id`` (again, if it holds it already); ``OutputLeased`` if a
-    live run holds it. A stale lease is taken over."""
+    live run holds it. A stale lease, or one whose process on this host is gone, is taken
+    over. ``this_process``: the lease names this host and pid (the run lives in this process)."""
     for _ in range(3):
         t = time.time() if now is None else now
-        lease = Lease(run_id, holder, t, ttl_s)
+        where = (socket.gethostname(), os.getpid()) if this_process else (None, None)
+        lease = Lease(run_id, holder, t, ttl_s, *where)
         if _create(output_url, lease, storage_options):
             held = read_lease(output_url, storage_options)
             if held is not None and held.run_id == run_id:
@@ -124,8 +151,12 @@ def acquire_lease(
         if held.run_id == run_id:
             renew_lease(output_url, run_id, storage_options, now=t)
             return lease
-        if not held.is_stale(t):
+        gone = held.holder_gone()
+        if not gone and not held.is_stale(t):
             raise OutputLeased(output_url, held, t)
+        if gone:
+            log.warning("taking over the lease of run %s on %s (%s): process %d is gone from this host",
+                        held.run_id, public_url(output_url), held.holder, held.pid)
         _remove(output_url, storage_options)  # its run is dead: take over
     raise OutputLeased(output_url, read_lease(output_url, storage_options), time.time())
 
@@ -142,14 +173,15 @@ def renew_lease(output_url: str, run_id: str, storage_options: dict | None = Non
                 now: float | None = None) -> None:
     """A heartbeat: rewrite the lease with the time now, if ``run_id`` still holds it."""
     held = check_lease(output_url, run_id, storage_options)
-    lease = Lease(run_id, held.holder, time.time() if now is None else now, held.ttl_s)
+    lease = Lease(run_id, held.holder, time.time() if now is None else now, held.ttl_s, held.host, held.pid)
     write_bytes(lease_url(output_url), lease.to_bytes(), storage_options)
 
 
-def release_lease(output_url: str, run_id: str, storage_options: dict | None = None) -> bool:
-    """Give the output up, if ``run_id`` holds it; returns whether it did."""
+def release_lease(output_url: str, run_id: str | None, storage_options: dict | None = None) -> Lease | None:
+    """Give the output up, if ``run_id`` holds it (None: whoever holds it, for an operator who
+    knows its holder is dead); returns the lease removed, if one was."""
     held = read_lease(output_url, storage_options)
-    if held is None or held.run_id != run_id:
-        return False
+    if held is None or (run_id is not None and held.run_id != run_id):
+        return None
     _remove(output_url, storage_options)
-    return True
+    return held

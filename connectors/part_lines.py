@@ -66,6 +66,18 @@ def part_lines_are_current(output_url: str, part: PartId, storage_options: dict 
     return data is not None and lines_sha256(data).encode("ascii") == expected
 
 
+def read_part_lines(output_url: str, part: PartId, storage_options: dict | None = None) -> list[dict] | None:
+    """The part's lines, if its line file is the one its footer names; else None."""
+    try:
+        expected = read_part_footer(output_url, part, storage_options).get(LINES_KEY)
+    except FileNotFoundError:
+        return None
+    data = read_optional_bytes(part_lines_url(output_url, part), storage_options) if expected else None
+    if data is None or lines_sha256(data).encode("ascii") != expected:
+        return None
+    return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+
 def merge_part_lines(
     output_url: str,
     parts: list[PartId],

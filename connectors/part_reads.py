@@ -10,7 +10,7 @@ import posixpath
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from connectors.parquet_sink import PartId, part_url
+from connectors.parquet_sink import PartId, part_id_of, part_url
 from connectors.storage import StorageError, filesystem_for, with_retries
 
 log = logging.getLogger(__name__)
@@ -105,3 +105,17 @@ def read_part_head(
         return []
 
     return with_retries(read, what=f"read {url}")
+
+
+def list_part_sizes(output_url: str, storage_options: dict | None = None) -> dict[str, int]:
+    """Every ``part-<id>.parquet`` under the output, by part id, with its size in bytes: whatever
+    run wrote it (for reads of a whole output that must stay bounded)."""
+    fs, base = filesystem_for(output_url, storage_options)
+    fs.invalidate_cache()
+    pattern = posixpath.join(base.rstrip("/"), "part-*.parquet")
+    try:
+        found = with_retries(lambda: fs.glob(pattern, detail=True), what=f"list parts of {output_url}")
+    except FileNotFoundError:
+        return {}
+    return {part_id_of(posixpath.basename(p)): int(info.get("size") or 0) for p, info in found.items()
+            if info.get("type", "file") == "file"}

@@ -4,7 +4,9 @@ lm-eval finds external models through the ``lm_eval.models`` entry-point group (
 pyproject declares ``tokenmill`` there), but only from the release after 0.4.13; 0.4.13's
 ``lm_eval`` knows only the models of its own tree. This command imports the model first, so
 ``tokenmill lm-eval --model tokenmill ...`` takes exactly ``lm_eval``'s arguments with any
-harness release.
+harness release. SIGTERM and SIGINT stop it with exit 143 or 130 (``pipeline.stop_signals``):
+a job it runs embedded checkpoints its open shards first, and the same evaluation run again
+resumes from them.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ def run_lm_eval(args: list[str]) -> None:
     except ImportError:
         raise SystemExit("lm-eval is not installed: pip install 'tokenmill[eval]'") from None
     import harness.model  # noqa: F401  (registers the model)
+    from pipeline.stop_signals import handling_stop_signals
 
     saved = sys.argv
     sys.argv = ["lm_eval", *args]
     try:
-        cli_evaluate()
+        with handling_stop_signals():
+            cli_evaluate()
     finally:
         sys.argv = saved

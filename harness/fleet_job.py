@@ -88,7 +88,8 @@ def job_spec(what: str, rows: list[dict[str, Any]], engine: dict[str, Any], sett
     spec = JobSpec.from_dict({
         "name": f"harness-{what}-{digest[:8]}".replace("_", "-"), "kind": "harness_requests",
         "input": {"url": requests_url, "glob": REQUEST_FILES, "format": "jsonl", "id_field": "id"},
-        "output": {"url": join_url(folder, "results")},
+        # the harness reads each request's error itself: no error budget (pipeline.error_budget)
+        "output": {"url": join_url(folder, "results"), "max_error_fraction": 1.0},
         "model": _model_section(engine),
     })
     return spec, files

@@ -62,15 +62,17 @@ def wait(job_id: str, timeout: float | None = None, poll: float = 1.0) -> dict[s
     return wait_for_job(job_id, timeout, poll_s=poll)
 
 
-def cancel(job_id: str) -> dict[str, Any]:
-    """Ask the fleet to stop the job; running shards stop within about a second."""
+def cancel(job_id: str, *, release: bool = False) -> dict[str, Any]:
+    """Ask the fleet to stop the job; running shards stop within about a second. A job that never
+    started ends at once and its output's lease is released; ``release`` releases it anyway."""
     from pipeline.fleet import cancel_job
 
-    return cancel_job(job_id)
+    return cancel_job(job_id, release=release)
 
 
 def run(spec: JobSpec | str | Path, *, progress: bool = False, job_id: str | None = None) -> dict[str, Any]:
-    """Run the whole job in this process (no broker) and return its manifest."""
+    """Run the whole job in this process (no broker) and return its manifest. SIGTERM or SIGINT
+    checkpoints it and raises ``RunInterrupted`` (a ``SystemExit``, code 143 or 130)."""
     from pipeline.job_runner import run_embedded
 
     return run_embedded(load(spec).to_plan(job_id), progress=progress)

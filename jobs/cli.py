@@ -3,7 +3,7 @@
     tokenmill run JOB.toml                  embedded: this process, no broker
     tokenmill submit JOB.toml [--broker]    queue on the fleet, print the job id
     tokenmill status JOB_ID | JOB.toml      fleet state, or a spec's output state
-    tokenmill cancel JOB_ID
+    tokenmill cancel JOB_ID [--release]      (a spec with --release: free its output's lease)
     tokenmill worker [--broker] [--queues]  a fleet worker
     tokenmill beat --jobs DIR [--broker]    enqueue specs with a ``schedule`` when due
     tokenmill serve --storage URL [--broker] the OpenAI-compatible Batches API, job routes, dashboard
@@ -127,16 +127,36 @@ def status(
 
 
 @app.command()
-def cancel(job_id: Annotated[str, typer.Argument(metavar="JOB_ID")], broker: BrokerOption = None) -> None:
-    """Cancel a fleet job: queued shards are dropped, running ones stop within about a second."""
+def cancel(
+    job: Annotated[str, typer.Argument(metavar="JOB_ID|JOB.toml", help="a fleet job id; a spec only with --release")],
+    broker: BrokerOption = None,
+    release: Annotated[bool, typer.Option(
+        "--release", help="also release the output's lease (you know its holder is dead); with a spec: "
+                          "whichever run holds it")] = False,
+) -> None:
+    """Cancel a fleet job: queued shards are dropped, running ones stop within about a second.
+    A job that never started is cancelled at once and its output's lease released."""
     use_broker(broker)
+    if Path(job).suffix.lower() in (".toml", ".yaml", ".yml") and Path(job).is_file():
+        if not release:
+            fail("a spec is cancelled only with --release (it releases its output's lease); cancel a job by its id")
+        from connectors import public_url, release_lease
+
+        plan = plan_or_exit(load_spec(Path(job)), "release", read_only=True)
+        held = release_lease(plan.output_url, None, plan.output_options)
+        where = public_url(plan.output_url)
+        console.print(f"released the lease on {where} held by run {held.run_id} ({held.holder})" if held
+                      else f"no lease on {where}", soft_wrap=True, markup=False, highlight=False)
+        return
     from pipeline.fleet import cancel_job
 
     try:
-        state = cancel_job(job_id)
+        state = cancel_job(job, release=release)
     except KeyError as exc:
-        fail(str(exc.args[0]) if exc.args else f"unknown job {job_id!r}")
-    console.print(f"cancel requested for {job_id} (status: {state['status']})")
+        fail(str(exc.args[0]) if exc.args else f"unknown job {job!r}")
+    console.print(f"cancel requested for {job} (status: {state['status']})")
+    for note in state.get("notes", []):
+        console.print(note, soft_wrap=True, markup=False, highlight=False)
 
 
 register_process_commands(app)

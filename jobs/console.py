@@ -39,6 +39,15 @@ def read_samples(manifest: dict[str, Any], storage_options: dict[str, Any] | Non
     return samples
 
 
+def _rows(totals: dict[str, Any]) -> str:
+    """The rows and where they came from (manifests before issue 41 have the total only)."""
+    if "rows_computed" not in totals:
+        return f"{totals['rows']:,}"
+    return (f"{totals['rows']:,} ({totals['rows_computed']:,} computed, {totals['rows_resumed']:,} resumed from a "
+            f"checkpoint, {totals['rows_reused']:,} reused from the previous part, {totals['rows_shared']:,} shared "
+            f"with an identical row, {totals['rows_current']:,} in parts already current)")
+
+
 def run_summary(manifest: dict[str, Any]) -> Table:
     totals, stats = manifest["totals"], manifest.get("engine_stats") or {}
     table = Table(title=f"{manifest['name']} ({manifest['kind']})", show_header=False, title_justify="left")
@@ -49,10 +58,10 @@ def run_summary(manifest: dict[str, Any]) -> Table:
     shards = (f"{totals['shards']} ({totals['shards_done']} done, {totals['shards_skipped']} already current, "
               f"{totals['shards_failed']} failed)")
     table.add_row("shards", shards)
-    table.add_row("rows", f"{totals['rows']:,}")
+    table.add_row("rows", _rows(totals))
     table.add_row("row errors", f"{totals['errors']:,}")
     table.add_row("output tokens", f"{totals['output_tokens']:,}")
-    table.add_row("tokens/s", f"{stats.get('output_tokens_per_s', 0.0):,.1f}")
+    table.add_row("tokens/s", f"{stats.get('output_tokens_per_s', 0.0):,.1f} (tokens this run computed)")
     table.add_row("KV peak use", f"{stats.get('kv_peak_usage', 0.0):.0%}")
     table.add_row("prefix hit tokens", f"{stats.get('prefix_cache_hit_tokens', 0):,}")
     table.add_row("elapsed", f"{stats.get('elapsed_s', 0.0):.1f}s")
@@ -97,6 +106,8 @@ def samples_table(samples: list[dict[str, Any]], width: int = 400) -> Table:
 def print_run(console: Console, manifest: dict[str, Any], samples: list[dict[str, Any]],
               extra: dict[str, str] | None = None) -> None:
     console.print(run_summary(manifest))
+    if manifest.get("error"):  # one unwrapped line: it names the commonest error whole
+        console.print(f"error: {manifest['error']}", soft_wrap=True, markup=False, highlight=False, style="red")
     for line in output_lines(manifest, extra):
         console.print(line, soft_wrap=True, markup=False, highlight=False)
     if samples:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from jobs.secrets import protect
-from pipeline.plan import DEFAULT_CHECKPOINT_ROWS, DEFAULT_CHECKPOINT_SECONDS
+from pipeline.plan import DEFAULT_CHECKPOINT_ROWS, DEFAULT_CHECKPOINT_SECONDS, DEFAULT_MAX_ERROR_FRACTION
 from pipeline.prompts import TemplateError, validate_template
 
 _DOTDOT = re.compile(r"(^|[/\\])(\.\.|%2e%2e)([/\\]|$)", re.IGNORECASE)
@@ -91,6 +91,13 @@ class OutputSection(Section):
         DEFAULT_CHECKPOINT_SECONDS, ge=0,
         description="... and at least every this many seconds (0: not by time; both 0: no checkpoints)",
     )
+    max_error_fraction: float | None = Field(
+        None, ge=0, le=1,
+        description=f"fail the job when more than this fraction of its rows are errors (default "
+                    f"{DEFAULT_MAX_ERROR_FRACTION}; 1 for kinds openai_batch and harness_requests, whose callers read "
+                    f"each row's error)",
+    )
+    max_error_rows: int | None = Field(None, ge=0, description="... or more than this many (default: no count limit)")
 
     @field_validator("storage_options")
     @classmethod

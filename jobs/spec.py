@@ -33,7 +33,11 @@ from jobs.schedule import Schedule, parse_schedule
 from jobs.secrets import reveal
 from jobs.sections import EvaluateSection, ExtractSection, InputSection, OutputSection, PromptSection, Section
 from pipeline.output_columns import RESERVED_COLUMNS  # passthrough fields must not reuse these
-from pipeline.plan import JobPlan
+from pipeline.plan import DEFAULT_MAX_ERROR_FRACTION, JobPlan
+
+# Kinds whose callers read each row's error themselves (an OpenAI batch's error file, lm-eval's
+# requests): no error budget unless the spec sets one.
+ERRORS_ARE_RESULTS = ("openai_batch", "harness_requests")
 
 
 class SpecFileError(ValueError):
@@ -162,6 +166,9 @@ class JobSpec(Section):
             openai_output=openai_output,
             checkpoint_rows=self.output.checkpoint_rows,
             checkpoint_seconds=self.output.checkpoint_seconds,
+            max_error_fraction=self.output.max_error_fraction if self.output.max_error_fraction is not None
+            else 1.0 if self.kind in ERRORS_ARE_RESULTS else DEFAULT_MAX_ERROR_FRACTION,
+            max_error_rows=self.output.max_error_rows,
         )
         values.update(kind.plan_fields(self, read_only=read_only))
         if openai_output:

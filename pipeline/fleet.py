@@ -27,6 +27,7 @@ from connectors import (
     literal_credentials,
 )
 from pipeline.celery_app import DEFAULT_BROKER_URL, DEFAULT_QUEUE, DEFAULT_RESULT_BACKEND, make_app
+from pipeline.job_cancel import OUTPUT_META, cancel_in_store
 from pipeline.job_progress import job_progress
 from pipeline.job_state import JobStateStore
 from pipeline.job_status import FINAL_JOB_STATUSES, JobStatus
@@ -34,6 +35,7 @@ from pipeline.manifest import public_url, utc_now
 from pipeline.output_lease import FLEET_TTL_S, release_output, take_output
 from pipeline.plan import JobPlan
 from pipeline.publish import begin_output
+from pipeline.queue_check import warn_if_unconsumed
 from pipeline.shard_outcome import FINAL_SHARD_STATES, ShardState
 
 
@@ -95,7 +97,7 @@ def submit_job(
         plan.input_url, format=plan.input_format, storage_options=plan.storage_options,
         split_row_groups=plan.split_row_groups,
     )
-    take_output(plan, "fleet job", FLEET_TTL_S)
+    take_output(plan, "fleet job", FLEET_TTL_S, this_process=False)
     try:
         return _queue_job(plan, shards, broker_url, result_backend, queue, state_url, redis_key_prefix)
     except BaseException:
@@ -109,6 +111,7 @@ def _queue_job(
 ) -> str:
     app = _client_app(broker_url, result_backend, queue, redis_key_prefix)
     queue_name = app.conf.task_default_queue
+    warn_if_unconsumed(app, queue_name, plan.job_id)  # before queueing: the answer takes a moment
     store = JobStateStore(state_url)
     store.init_job(
         plan.job_id,
@@ -116,6 +119,7 @@ def _queue_job(
             "name": plan.name, "kind": plan.kind, "output_url": public_url(plan.output_url),
             "shards": len(shards), "submitted_at": time.time(), "submitted_at_iso": utc_now(),
             "status": "queued", "queue": queue_name,
+            OUTPUT_META: {"url": plan.output_url, "storage_options": plan.output_options},  # no literal secret
         },
         [s.to_dict() for s in shards],
     )
@@ -199,14 +203,16 @@ def live_status(job_id: str, meta: dict[str, Any], shards: dict[int, dict[str, A
     }
 
 
-def cancel_job(job_id: str, *, state_url: str | None = None) -> dict[str, Any]:
+def cancel_job(job_id: str, *, state_url: str | None = None, release: bool = False) -> dict[str, Any]:
     """Queued shards return ``cancelled`` when they start; running ones stop within about a
-    second (their in-flight rows are dropped, no part is written); the manifest says cancelled."""
+    second (their in-flight rows are dropped, no part is written); the manifest says cancelled.
+    A job no shard of which started is cancelled at once and its lease released; ``release``
+    releases the lease of any job (``pipeline.job_cancel``). The status has ``notes`` on that."""
     store = JobStateStore(state_url)
     if not store.meta(job_id):
         raise KeyError(f"unknown job {job_id!r}")
-    store.cancel(job_id)
-    return job_status(job_id, state_url=state_url)
+    notes = cancel_in_store(store, job_id, release=release)
+    return {**job_status(job_id, state_url=state_url), "notes": notes}
 
 
 def wait_for_job(

@@ -4,6 +4,9 @@ All shards go through one ShardDriver, so the engine stays full across shard
 boundaries. The run holds the output's lease throughout (a second run on the output is
 refused, naming this one). An earlier run's ``_SUCCESS`` is removed before any part is
 replaced; the manifest is written at the end, ``_SUCCESS`` only when it says succeeded.
+SIGTERM or SIGINT (``pipeline.stop_signals``) stops the run: every open shard's finished rows
+are checkpointed, no manifest is written, the lease is released and ``RunInterrupted``
+(exit 143 or 130) is raised; the next run resumes from the checkpoints.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pipeline.progress import RunProgress
 from pipeline.publish import begin_output, publish
 from pipeline.shard_driver import ShardDriver
 from pipeline.shard_outcome import ShardOutcome, ShardState
+from pipeline.stop_signals import StopRequest, interrupted, stoppable_run
 from pipeline.summary import run_report, run_summary
 
 log = logging.getLogger(__name__)
@@ -44,6 +48,13 @@ def run_embedded(
     ``cross_shard=False`` drains the engine between shards (benchmarking only);
     ``on_progress`` also gets every shard's progress (the HTTP service's embedded runner).
     """
+    with stoppable_run() as stop:
+        return _run(plan, progress, cross_shard, engine, should_stop, on_progress, stop)
+
+
+def _run(plan: JobPlan, progress: bool, cross_shard: bool, engine: LLMEngine | None,
+         should_stop: Callable[[], bool] | None, on_progress: Callable[[ShardOutcome], None] | None,
+         stop: StopRequest) -> dict[str, Any]:
     started_at, t0 = utc_now(), time.perf_counter()
     shards = list_shards(
         plan.input_url, format=plan.input_format, storage_options=plan.storage_options,
@@ -54,9 +65,12 @@ def run_embedded(
         engine = engine or get_engine(plan.engine_settings)
         before = engine.stats()
         driver = ShardDriver(
-            engine, plan, cross_shard=cross_shard, should_stop=should_stop,
+            engine, plan, cross_shard=cross_shard,
+            should_stop=lambda: stop.requested or (should_stop is not None and should_stop()),
             engine_factory=lambda: rebuild_engine(plan.engine_settings), on_step=step_observer(plan),
+            hand_back=lambda: stop.requested,  # a signal: checkpoint the open shards, as a draining worker does
         )
+        driver.stop_check_s = 0.0  # a flag and an Event: cheap to ask at every step
         outcomes: list[ShardOutcome] = []
         with RunProgress(len(shards), engine, enabled=progress) as bar:
             driver.on_progress = bar if on_progress is None else (lambda p: (bar(p), on_progress(p)))
@@ -64,6 +78,12 @@ def run_embedded(
                 if outcome.state == ShardState.FAILED:
                     log.warning("shard %d (%s) failed: %s", outcome.index, outcome.url, outcome.reason)
                 outcomes.append(outcome)
+        stopped = sum(o.state == ShardState.CANCELLED for o in outcomes)
+        if stop.requested and stopped:  # (a signal after the last shard finished lets the run complete)
+            exc = interrupted(stop, f"run {plan.job_id} stopped {stopped} unfinished shards (their finished rows "
+                                    "checkpointed) and wrote no manifest; run it again to resume")
+            log.warning("%s", exc)
+            raise exc
         elapsed = time.perf_counter() - t0
         stats = engine_delta(before, driver.engine.stats())
         manifest = build_manifest(

@@ -17,7 +17,7 @@ class JobStatus(StrEnum):
     SUCCEEDED = "succeeded"  # every shard done or skipped (the only status that writes _SUCCESS)
     COMPLETED_WITH_ERRORS = "completed_with_errors"  # some shard failed; the other parts are valid
     CANCELLED = "cancelled"
-    FAILED = "failed"  # the fleet lost the job
+    FAILED = "failed"  # the fleet lost the job, or its error rows passed the budget (manifest "error")
 
 
 FINAL_JOB_STATUSES = (JobStatus.SUCCEEDED, JobStatus.COMPLETED_WITH_ERRORS, JobStatus.CANCELLED, JobStatus.FAILED)

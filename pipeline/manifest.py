@@ -4,7 +4,8 @@ Job status: ``succeeded`` when every shard is done or skipped (the only case tha
 writes ``_SUCCESS``); ``completed_with_errors`` when some shard failed (its reason is
 listed, the other parts are valid, a re-run redoes only the missing parts);
 ``cancelled`` when the job was cancelled; ``failed`` when the fleet lost the job (see
-``tokenmill.job_failed``). Per-row errors do not change the status; they are counted.
+``tokenmill.job_failed``) or when its error rows pass the plan's error budget (set when the
+manifest is published: ``pipeline.error_budget``). Fewer error rows are counted only.
 
 Nothing from ``storage_options`` or ``hook_options`` is written, and URLs (in reasons
 too) lose any ``user:password@`` part.
@@ -60,6 +61,17 @@ def final_status(outcomes: list[ShardOutcome], cancelled: bool = False) -> JobSt
     if ShardState.FAILED in states:
         return JobStatus.COMPLETED_WITH_ERRORS
     return JobStatus.SUCCEEDED
+
+
+def row_sources(outcomes: list[ShardOutcome]) -> dict[str, int]:
+    """Where the output's rows came from; they add up to ``rows``: computed by this run, taken
+    from a checkpoint, from the previous part, from an identical row, or in a part already current."""
+    done = [o for o in outcomes if o.state == ShardState.DONE]
+    taken = {k: sum(getattr(o, k) for o in done) for k in ("rows_resumed", "rows_reused", "rows_shared")}
+    return {
+        "rows_computed": sum(o.counts.rows for o in done) - sum(taken.values()), **taken,
+        "rows_current": sum(o.counts.rows for o in outcomes if o.state == ShardState.SKIPPED),
+    }
 
 
 def engine_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -118,9 +130,13 @@ def build_manifest(
                                                    "cached_prompt_tokens")},
     }
     done = [o for o in outcomes if o.state == ShardState.DONE]
+    totals.update(row_sources(outcomes))
+    # tokens/s of this run's work: the engine's own count when it is this run's (embedded), else
+    # the done shards' (a fleet job; rows taken from a checkpoint or a previous part count there)
+    computed_tokens = (engine_stats or {}).get("decode_tokens", sum(o.counts.output_tokens for o in done))
     stats: dict[str, Any] = {
         "elapsed_s": round(elapsed_s, 3),
-        "output_tokens_per_s": round(sum(o.counts.output_tokens for o in done) / elapsed_s, 2) if elapsed_s else 0.0,
+        "output_tokens_per_s": round(computed_tokens / elapsed_s, 2) if elapsed_s else 0.0,
         "rows_per_s": round(sum(o.counts.rows for o in done) / elapsed_s, 2) if elapsed_s else 0.0,
         "prefix_cache_hit_tokens": sum(o.counts.cached_prompt_tokens for o in done),
         "kv_peak_usage": max((o.engine_counters.get("kv_peak_usage", 0.0) for o in outcomes), default=0.0),

@@ -77,3 +77,17 @@ def openai_line(row: dict[str, Any], job_id: str, model: str, completion: bool =
         "response": {"status_code": 200, "request_id": f"req_{rid}", "body": body},
         "error": None,
     }
+
+
+def choices_of_line(line: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+    """The ``CHOICES_KEY`` value an ``openai_line`` was made from (so a row taken from an earlier
+    part gets the same line again, but for ``created``); None for an error line."""
+    body = ((line or {}).get("response") or {}).get("body") or {}
+    choices = []
+    for c in body.get("choices") or ():
+        message = c.get("message")
+        logprobs = (c.get("logprobs") or {}).get("content") if message is not None else None
+        text = message.get("content") if message is not None else c.get("text")
+        choices.append({"index": c["index"], "text": text, "finish_reason": c.get("finish_reason"),
+                        "logprobs": logprobs})
+    return choices or None

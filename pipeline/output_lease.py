@@ -34,9 +34,12 @@ def holder(mode: str) -> str:
     return f"{mode} on {socket.gethostname()} pid {os.getpid()}"
 
 
-def take_output(plan: JobPlan, mode: str, ttl_s: float) -> None:
-    """Take the output for ``plan.job_id``; ``OutputLeased`` names the run holding it."""
-    acquire_lease(plan.output_url, plan.job_id, holder(mode), plan.output_options, ttl_s=ttl_s)
+def take_output(plan: JobPlan, mode: str, ttl_s: float, *, this_process: bool = True) -> None:
+    """Take the output for ``plan.job_id``; ``OutputLeased`` names the run holding it.
+    ``this_process``: the run lives in this process, so the lease names its pid (a fleet job's
+    does not: its submitter exits at once)."""
+    acquire_lease(plan.output_url, plan.job_id, holder(mode), plan.output_options, ttl_s=ttl_s,
+                  this_process=this_process)
 
 
 def renew_output(plan: JobPlan) -> bool:

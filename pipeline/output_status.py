@@ -7,14 +7,24 @@ prompt was killed after rewriting 2 of 6 parts. Its manifest (run 1's) says succ
 speaks only when it records this plan (``plan``) and ``succeeded`` needs ``_SUCCESS`` too;
 otherwise the status is ``incomplete``, with the current parts counted. A part whose
 footer commit id is not the one the manifest recorded was replaced by another run: its
-shard is not ``done`` and the status is ``incomplete``.
+shard is not ``done`` and the status is ``incomplete``. A shard without a current part shows
+the rows an unfinished run of this plan checkpointed (its re-run resumes after them), and an
+output with such rows or current parts but no manifest is ``incomplete``, not ``unknown``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from connectors import list_shards, part_is_current, read_manifest, read_part_commit, success_marker_exists
+from connectors import (
+    ShardCheckpoint,
+    ShardRef,
+    list_shards,
+    part_is_current,
+    read_manifest,
+    read_part_commit,
+    success_marker_exists,
+)
 from pipeline.job_progress import job_progress
 from pipeline.manifest import public_url
 from pipeline.plan import JobPlan
@@ -22,6 +32,14 @@ from pipeline.publish import replaced_reason
 from pipeline.shard_outcome import FINAL_SHARD_STATES, PART_STATES, ShardState
 
 NOT_CURRENT = "no part for this spec's plan"
+
+
+def checkpointed_rows(plan: JobPlan, shard: ShardRef) -> int:
+    """Rows of the shard an unfinished run of this plan committed in its checkpoint."""
+    if not plan.checkpoints:
+        return 0
+    return ShardCheckpoint(plan.output_url, shard.part_id, plan.part_fingerprint(shard.fingerprint),
+                           plan.output_options).recorded_rows()
 
 
 def status_from_output(plan: JobPlan) -> dict[str, Any]:
@@ -46,11 +64,14 @@ def status_from_output(plan: JobPlan) -> dict[str, Any]:
             state = state if state in PART_STATES else ShardState.DONE.value
         elif state not in ("failed", "cancelled"):
             state, entry = "queued", {"reason": NOT_CURRENT}
+            saved = checkpointed_rows(plan, s)
+            if saved:
+                entry = {"rows": saved, "reason": f"{saved} rows checkpointed (a re-run resumes after them)"}
         rows.append({"index": s.index, "url": s.url, "state": state, "rows_done": entry.get("rows", 0),
                      "errors": entry.get("errors", 0), "output_tokens": entry.get("output_tokens", 0),
                      "reason": entry.get("reason"), "worker": entry.get("worker")})
-    if manifest is None:
-        status = "unknown"
+    if manifest is None:  # a run that never finished may have left parts and checkpoints
+        status = "incomplete" if any(r["rows_done"] for r in rows) or any(current.values()) else "unknown"
     elif not ours or replaced or (manifest["status"] == "succeeded" and not success_marker_exists(plan.output_url, options)):
         status = "incomplete"
     else:

@@ -30,6 +30,10 @@ _DERIVED_FIELDS = ("row_hook", "summary_hook", "report_hook")
 # bound caps the rows held in memory for the next chunk (about a minute of a fast GPU's rows).
 DEFAULT_CHECKPOINT_ROWS = 5000
 DEFAULT_CHECKPOINT_SECONDS = 120.0
+# A job whose rows failed more than this often ends ``failed`` (pipeline.error_budget): more
+# than half the rows erring is a systematic fault (a wrong field, template or model), never a
+# few bad documents. OpenAI batches keep their own rule (errors go to the error file): 1.0.
+DEFAULT_MAX_ERROR_FRACTION = 0.5
 
 
 class RequestMode(StrEnum):
@@ -86,6 +90,10 @@ class JobPlan:
     # both 0: none). They do not shape rows, so they are not in the part fingerprint.
     checkpoint_rows: int = DEFAULT_CHECKPOINT_ROWS
     checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS
+    # The error budget: more error rows than this fraction of the output's rows (or than
+    # ``max_error_rows``, when set) fail the job. Not in the part fingerprint: it shapes no row.
+    max_error_fraction: float = DEFAULT_MAX_ERROR_FRACTION
+    max_error_rows: int | None = None
 
     def __post_init__(self) -> None:
         if self.request_mode not in tuple(RequestMode):

@@ -2,25 +2,44 @@
 takes instead of computing (issue 28). A nightly job over a file that gained 1% new rows
 computes those rows, not the file.
 
-Only results that are whole in a part are taken: generate mode (a scoring mode's values and
-an OpenAI batch line's choices are not all kept in the part) and rows without an error (an
-error may be transient, and a row step's error is the step's to make again).
+A row not in its own shard's previous part is looked up in every part of the output
+(``load_output_rows``): a row moved to another file is taken from wherever it sat, as long as
+the output's parts weigh at most ``OUTPUT_ROWS_BYTES`` (their computed columns are held in
+memory for the run; a larger output looks in the shard's own part only).
+
+Only whole results are taken: every request mode's (generate, scoring, perplexity, token
+requests: the mode's columns are in the part), with an OpenAI line's choices read back from
+the part's ``.jsonl`` lines when the plan writes them (only lines whose SHA-256 the part's
+footer names, one a row), and rows without an error (an error may be transient, and a row
+step's error is the step's to make again).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 import pyarrow as pa
 
-from connectors import ShardRef, read_part_if_any
+from connectors import ShardRef, list_part_sizes, read_part_if_any, read_part_lines
+from pipeline.openai_output import CHOICES_KEY, choices_of_line
 from pipeline.output_columns import COMPUTED_COLUMNS
 from pipeline.plan import JobPlan, RequestMode
 
 log = logging.getLogger(__name__)
 
-_SAMPLE_COLUMNS = ("samples", "sample_finish_reasons")  # generate mode's own, with n samples
+# Each request mode's own columns (``pipeline.row_requests``): with the computed columns, all a
+# finished row's values; the kind's row step derives the rest (a score) from them again.
+_MODE_COLUMNS = {
+    RequestMode.GENERATE: ("samples", "sample_finish_reasons"),  # with n samples
+    RequestMode.LOGLIKELIHOOD: ("choice_logprobs", "choice_tokens"),
+    RequestMode.PERPLEXITY: ("nll", "tokens", "perplexity"),
+    RequestMode.TOKENS: ("logprob", "is_greedy"),
+}
+_CHOICES_JSON = "_openai_choices_json"  # a taken row's OpenAI choices, read from the part's lines
+# The output-wide lookup reads every part's computed columns once a run: a bound on its memory.
+OUTPUT_ROWS_BYTES = 256 * 2**20
 
 
 class PreviousRows:
@@ -40,17 +59,59 @@ class PreviousRows:
         if i is None:
             return None
         (row,) = self.table.slice(i, 1).to_pylist()
+        if _CHOICES_JSON in row:  # the OpenAI line's choices, kept as JSON text
+            choices = row.pop(_CHOICES_JSON)
+            row[CHOICES_KEY] = json.loads(choices) if choices else None
         return {**row, "error": None}
+
+
+def _columns(plan: JobPlan) -> list[str]:
+    """The columns a taken row needs (with the OpenAI lines' choices when the plan writes them)."""
+    columns = [*COMPUTED_COLUMNS, *(c for c in _MODE_COLUMNS[plan.request_mode] if c in plan.extra_columns)]
+    return [*columns, _CHOICES_JSON] if plan.openai_output else columns
+
+
+def _read(plan: JobPlan, part: str, columns: list[str]) -> pa.Table | None:
+    stored = [c for c in columns if c != _CHOICES_JSON]
+    table = read_part_if_any(plan.output_url, part, ["content_key", "error", *stored], plan.output_options)
+    if table is None or not {"content_key", "error", *stored} <= set(table.column_names):
+        return None
+    table = table.select(["content_key", "error", *stored])
+    if not plan.openai_output:
+        return table
+    lines = read_part_lines(plan.output_url, part, plan.output_options)  # one a row, in order
+    if lines is None or len(lines) != table.num_rows:
+        return None  # lines that did not follow their part: nothing taken
+    choices = [choices_of_line(line) for line in lines]
+    return table.append_column(_CHOICES_JSON, pa.array([json.dumps(c) if c else None for c in choices], pa.string()))
+
+
+def load_output_rows(plan: JobPlan) -> PreviousRows | None:
+    """Every committed row of every part of the output, by content key (see the docstring);
+    None if there is none, nothing can be taken or the parts weigh over ``OUTPUT_ROWS_BYTES``."""
+    columns = _columns(plan)
+    sizes = list_part_sizes(plan.output_url, plan.output_options)
+    if sum(sizes.values()) > OUTPUT_ROWS_BYTES:
+        log.info("the parts of %s weigh over %d MiB: rows are taken from their own shard's part only",
+                 plan.output_url, OUTPUT_ROWS_BYTES >> 20)
+        return None
+    tables = [t for t in (_read(plan, part, columns) for part in sorted(sizes)) if t is not None]
+    if not tables:
+        return None
+    try:
+        rows = PreviousRows(pa.concat_tables(tables, promote_options="permissive"), columns)
+    except Exception as exc:  # parts this code did not write: compute, as without them
+        log.warning("cannot index the parts of %s: %s: %s", plan.output_url, type(exc).__name__, exc)
+        return None
+    return rows or None
 
 
 def load_previous_rows(plan: JobPlan, ref: ShardRef) -> PreviousRows | None:
     """The previous part of ``ref``'s shard, whatever input version or plan wrote it (the keys
     say which rows still hold); None if there is none or nothing in it can be taken."""
-    if plan.request_mode != RequestMode.GENERATE or plan.openai_output:
-        return None
-    columns = [*COMPUTED_COLUMNS, *(c for c in _SAMPLE_COLUMNS if c in plan.extra_columns)]
-    table = read_part_if_any(plan.output_url, ref.part_id, ["content_key", "error", *columns], plan.output_options)
-    if table is None or not {"content_key", "error", *columns} <= set(table.column_names):
+    columns = _columns(plan)
+    table = _read(plan, ref.part_id, columns)
+    if table is None:
         return None
     try:
         rows = PreviousRows(table, columns)

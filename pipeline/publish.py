@@ -5,7 +5,8 @@ before this run replaces any part. ``publish`` then removes the parts that no lo
 belong to the job (their input is gone), writes the manifest (the authority on which
 parts belong), and writes ``_SUCCESS`` last, only when that manifest says succeeded. A part
 whose footer no longer holds the commit id this run wrote (another run replaced it) is not
-the job's: its shard is failed with ``REPLACED`` and no ``_SUCCESS`` is written. Only
+the job's: its shard is failed with ``REPLACED`` and no ``_SUCCESS`` is written. A job whose
+error rows pass its budget is ``failed`` (``pipeline.error_budget``). Only
 the run holding the output's lease publishes (``pipeline.output_lease``).
 """
 
@@ -21,6 +22,7 @@ from connectors import (
     write_manifest,
     write_success_marker,
 )
+from pipeline.error_budget import apply_error_budget
 from pipeline.job_status import JobStatus
 from pipeline.output_lease import hold_to_publish, release_output
 from pipeline.plan import JobPlan
@@ -93,6 +95,7 @@ def _publish(plan: JobPlan, manifest: dict[str, Any], outcomes: list[ShardOutcom
             manifest["success_marker"] = False
             manifest["error"] = f"cannot remove stale parts: {type(exc).__name__}: {exc}"
     check_parts(plan, manifest)
+    apply_error_budget(plan, manifest)
     write_manifest(plan.output_url, manifest, plan.output_options)
     if manifest["success_marker"]:
         write_success_marker(plan.output_url, plan.output_options)

@@ -1,7 +1,7 @@
 """Rows not computed twice (issue 28): the result a row takes instead of entering the engine.
 
 In this order: the previous part's row with the same content key (a re-run of a changed
-shard), then a result computed earlier in this run for the same key (identical prompts and
+shard), or any part's in the output (a row moved to another file), then a result computed earlier in this run for the same key (identical prompts and
 sampling within a job, greedy or seeded only), else the row goes into the engine under its
 key, and identical rows admitted while it runs follow it (``pipeline.in_flight``). Results
 computed in the run are remembered for the last ``SHARED_RESULTS`` keys only: duplicates
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.in_flight import InFlight, InFlightRequests
 from pipeline.plan import JobPlan
+from pipeline.previous_rows import PreviousRows, load_output_rows
 from pipeline.result_rows import ResultRows
 from pipeline.row_keys import ContentKeys, shareable
 from pipeline.row_preparation import PreparedRow
@@ -40,6 +41,14 @@ class RowSharing:
         self.in_flight, self.results, self.complete = in_flight, results, complete
         self.capacity = capacity
         self.done: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.plan, self._output_rows, self._output_loaded = plan, None, False
+
+    def output_rows(self) -> PreviousRows | None:
+        """Every part of the output by content key, read once, at the run's first row (a shard
+        whose rows are all error rows commits without one: a part it replaces is not read)."""
+        if not self._output_loaded:
+            self._output_loaded, self._output_rows = True, load_output_rows(self.plan)
+        return self._output_rows
 
     def admit(self, shard: OpenShard, row: PreparedRow, subs: list[SubRequest]) -> str | None:
         """Give the row an earlier result, or queue its requests; the engine's refusal if it refuses."""
@@ -66,7 +75,10 @@ class RowSharing:
         """(the row's content key, the key it may lead or follow under in the engine or None,
         the values it takes instead of being computed or None); counts reused and shared rows."""
         key = self.keys.key(subs)
+        output = self.output_rows()  # read at the run's first row: before this run replaces any part
         values = shard.previous.values(key) if shard.previous is not None else None
+        if values is None and output is not None:  # a row that moved from another file
+            values = output.values(key)
         if values is not None:
             shard.rows_reused += 1
             return key, None, values

@@ -98,7 +98,7 @@ class ShardDriver:
         self._use_engine(engine)
         self.results = ResultRows(plan, self.schema)
         self.sharing = RowSharing(plan, self.in_flight, self.results, self._complete)
-        self._last_stop_check = 0.0
+        self._last_stop_check, self.stop_check_s = 0.0, 1.0  # should_stop may ask Redis: not every step
 
     @property
     def on_progress(self) -> ProgressCallback | None:
@@ -180,7 +180,7 @@ class ShardDriver:
         if self.should_stop is None:
             return False
         now = time.monotonic()
-        if now - self._last_stop_check < 1.0:
+        if now - self._last_stop_check < self.stop_check_s:
             return False
         self._last_stop_check = now
         try:

@@ -24,6 +24,7 @@ from connectors import OutputLeased, ShardRef
 from pipeline import metrics
 from pipeline.celery_app import app
 from pipeline.engine_thread import ShardHandedBack, engine_thread
+from pipeline.job_cancel import UNSTARTED_META
 from pipeline.job_state import JobStateStore
 from pipeline.manifest import build_manifest, utc_now
 from pipeline.output_lease import heartbeat_every, release_output, renew_output
@@ -211,6 +212,10 @@ def finalize_job(
     part, so parts of inputs that are gone can be removed.
     """
     plan = JobPlan.from_dict(plan_dict)
+    store = _store()
+    if store is not None and store.meta(plan.job_id).get(UNSTARTED_META):  # ended by its cancel
+        log.warning("job %s was cancelled before any shard started: nothing to publish", plan.job_id)
+        return {"job_id": plan.job_id, "status": "cancelled", "totals": {}}
     parts = dict(zip(shard_indices or (), shard_parts or (), strict=False))
     by_index = {  # one per shard, even if redelivered
         r["index"]: ShardOutcome.from_result_dict(r) for r in results if isinstance(r, dict)
@@ -219,7 +224,6 @@ def finalize_job(
         o.part = o.part or parts.get(i)
     missing = [i for i in shard_indices or () if i not in by_index]
     if missing:
-        store = _store()
         states = store.shards(plan.job_id) if store is not None else {}
         for i in missing:
             if ShardOutcome.is_final_state(states.get(i, {})):

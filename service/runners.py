@@ -136,4 +136,5 @@ class EmbeddedRunner:
             return
         manifest = run_embedded(job.plan, progress=False, should_stop=job.cancel.is_set, on_progress=on_progress)
         with self._lock:
-            job.meta.update(status=manifest["status"], finished_at=time.time())
+            job.meta.update(status=manifest["status"], finished_at=time.time(),
+                            **({"error": manifest["error"]} if manifest.get("error") else {}))

@@ -24,6 +24,13 @@ def tiny_engine(model_dir: Path, **overrides: Any) -> dict[str, Any]:
             "num_threads": 1, **overrides}
 
 
+def tiny_model_toml(model_dir: Path) -> str:
+    """``[model]`` of a spec with ``tiny_engine``'s settings (a run in process reuses its engine)."""
+    settings = tiny_engine(model_dir)
+    lines = [f'path = "{settings.pop("model")}"'] + [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
+    return "[model]\n" + "\n".join(lines) + "\n"
+
+
 def make_plan(input_url: str, output_url: str, model_dir: Path, **overrides: Any) -> JobPlan:
     values: dict[str, Any] = dict(
         job_id="test-job", name="test", kind="summarize", input_url=input_url, output_url=output_url,

@@ -200,5 +200,23 @@ def test_progress_does_not_count_skipped_shards_as_speed() -> None:
     progress = RunProgress(2, IdleEngine(), enabled=False)
     progress(ShardOutcome(0, "a", ShardState.SKIPPED, ShardCounts(rows=10, output_tokens=500_000)))
     info = progress.bar.tasks[0].fields["info"]
-    assert info == "10 rows (10 already done) · 0 tok/s · KV 0%"
-    assert progress.bar.tasks[0].completed == 1
+    assert info == "1/2 shards · 10 rows already done · 0 tok/s · KV 0%"
+    assert progress.bar.tasks[0].completed == 10  # rows (issue 41): one large file moves the bar too
+
+
+def test_progress_counts_rows_of_a_running_shard_and_only_generated_tokens() -> None:
+    from pipeline.progress import RunProgress
+    from pipeline.shard_outcome import ShardCounts, ShardOutcome, ShardState
+
+    class Engine:
+        decode_tokens = 100
+
+        def stats(self) -> dict:
+            return {"kv_blocks_used_now": 5, "kv_blocks_total": 10, "decode_tokens": self.decode_tokens}
+
+    engine = Engine()
+    progress = RunProgress(1, engine, enabled=False)
+    engine.decode_tokens = 100  # nothing generated yet: 120 rows resumed from a checkpoint
+    progress(ShardOutcome(0, "a", ShardState.RUNNING, ShardCounts(rows=120, output_tokens=9_000), rows_resumed=120))
+    task = progress.bar.tasks[0]
+    assert task.completed == 120 and task.fields["info"] == "0/1 shards · 0 tok/s · KV 50%"

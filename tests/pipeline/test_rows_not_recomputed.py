@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from fake_engine import FakeEngine
-from pipeline_support import jsonl_bytes, make_plan
+from pipeline_support import jsonl_bytes, make_plan, tiny_engine
 from test_checkpoints import CountingEngine, Where
 
 from connectors import list_shards, part_name, read_manifest, read_parts
@@ -167,3 +167,95 @@ def test_nothing_is_taken_from_a_part_of_another_prompt_sampling_or_model(where:
     engine = CountingEngine()
     (outcome,) = _run(plan, engine)  # the last run's part is the model's: nothing from it either
     assert outcome.rows_reused == 0 and len(engine.rows) == 31
+
+
+def test_a_row_moved_to_another_file_is_taken_from_the_part_it_sat_in(where: Where) -> None:
+    where.put("a.jsonl", jsonl_bytes(_docs(20)))
+    where.put("b.jsonl", jsonl_bytes(_docs(20, start=20)))
+    plan = make_plan(where.input_url, where.output_url, MODEL, storage_options=where.options,
+                     sampling={"max_tokens": 2, "temperature": 0.0, "ignore_eos": True})
+    first = CountingEngine(max_num_seqs=8)
+    assert [o.state for o in _run(plan, first)] == [ShardState.DONE, ShardState.DONE]
+    before = {r["id"]: r for r in read_parts(plan.output_url, plan.output_options).to_pylist()}
+
+    where.put("a.jsonl", jsonl_bytes(_docs(10)))  # d10..d19 move to a new file, with one new row
+    where.put("c.jsonl", jsonl_bytes([*_docs(10, start=10), {"id": "new", "text": "a new document", "lang": "en"}]))
+    second = CountingEngine(max_num_seqs=8)
+    a, b, c = _run(plan, second)
+    assert (a.state, b.state, c.state) == (ShardState.DONE, ShardState.SKIPPED, ShardState.DONE)
+    assert (a.rows_reused, c.rows_reused) == (10, 10)
+    assert len(second.rows) == 1  # the new row only
+    after = {r["id"]: r for r in read_parts(plan.output_url, plan.output_options).to_pylist()}
+    for i in range(10, 20):  # the moved rows, byte for byte (their latency too)
+        assert after[f"d{i}"] == before[f"d{i}"]
+
+
+@pytest.mark.parametrize(("example", "data"), [("evaluate_loglikelihood.toml", "mmlu_style.jsonl"),
+                                               ("perplexity.toml", "perplexity.jsonl"),
+                                               ("harness_requests.toml", "harness_requests.jsonl")])
+def test_a_rerun_of_a_scoring_kind_takes_the_unchanged_rows(tmp_path: Path, tiny_model_dir, example: str,
+                                                             data: str) -> None:
+    """Log-likelihood scoring, perplexity and token requests (issue 41, point 6): their values are
+    whole in the part, so an unchanged row is taken, byte for byte, and the kind's row step
+    derives the rest again."""
+    import tomllib
+
+    from jobs import JobSpec
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    rows = (examples / "data" / data).read_text().splitlines()[:6]
+    values = tomllib.loads((examples / example).read_text())
+    values["input"]["url"], values["output"]["url"] = "in/", "out/"
+    engine = tiny_engine(tiny_model_dir)  # the settings of the other tests: their cached engine
+    values["model"] = {"path": engine.pop("model"), **engine}
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in/data.jsonl").write_text("\n".join(rows[:-1]) + "\n")
+    plan = JobSpec.from_dict(values, base_dir=tmp_path).to_plan("first")
+    assert run_embedded(plan, progress=False)["status"] == "succeeded"
+    before = read_parts(plan.output_url)
+    (tmp_path / "in/data.jsonl").write_text("\n".join(rows) + "\n")  # one row appended
+    manifest = run_embedded(plan, progress=False)
+    (shard,) = manifest["shards"]
+    assert (shard["status"], shard["rows"], shard["rows_reused"]) == ("done", len(rows), len(rows) - 1)
+    assert manifest["engine_stats"]["prompt_tokens_computed"] > 0  # the new row was computed
+    assert read_parts(plan.output_url).slice(0, len(rows) - 1).equals(before)
+
+
+def test_a_rerun_of_an_openai_batch_takes_the_unchanged_rows_and_their_lines(tmp_path: Path, tiny_model_dir) -> None:
+    """OpenAI lines (issue 41, point 6): a taken row's choices are read back from its part's lines,
+    so the line is the same again, but for ``created``."""
+    import json
+    import tomllib
+
+    from connectors import list_shards, read_part_lines
+    from jobs import JobSpec
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    requests = (examples / "data/batch_input.jsonl").read_text().splitlines()
+    values = tomllib.loads((examples / "openai_batch.toml").read_text())
+    values["input"]["url"], values["output"]["url"] = "in/batch.jsonl", "out/"
+    engine = tiny_engine(tiny_model_dir)  # the settings of the other tests: their cached engine
+    values["model"] = {"path": engine.pop("model"), **engine}
+    values["sampling"]["max_tokens"] = 4
+    (tmp_path / "in").mkdir()
+
+    def run(lines: list[str]) -> tuple[dict, list[dict]]:
+        (tmp_path / "in/batch.jsonl").write_text("\n".join(lines) + "\n")
+        plan = JobSpec.from_dict(values, base_dir=tmp_path).to_plan("batch")
+        manifest = run_embedded(plan, progress=False)
+        (shard,) = list_shards(plan.input_url)
+        return manifest, read_part_lines(plan.output_url, shard.part_id) or []
+
+    first, before = run(requests[:-1])
+    assert first["status"] == "succeeded" and len(before) == len(requests) - 1
+    added = json.loads(requests[-1])
+    added["custom_id"] = "added"
+    second, after = run([*requests[:-1], json.dumps(added)])
+    (shard,) = second["shards"]
+    assert (shard["rows"], shard["rows_reused"]) == (len(requests), len(requests) - 1)
+
+    def without_created(line: dict) -> dict:
+        return {**line, "response": {**line["response"], "body": {**line["response"]["body"], "created": 0}}}
+
+    assert [without_created(x) for x in after[:-1]] == [without_created(x) for x in before]
+    assert after[-1]["custom_id"] == "added" and after[-1]["response"]["body"]["choices"]

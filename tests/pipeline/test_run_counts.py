@@ -1,0 +1,69 @@
+"""Counts that add up (issue 41, point 4): after a run stopped mid-shard, ``tokenmill status
+SPEC`` shows the checkpointed rows; the re-run's summary says how many rows it computed and
+where the others came from, and its tokens/s counts only the tokens it generated. Tiny model,
+local and moto."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from pipeline_support import jsonl_bytes, make_plan
+from test_checkpoints import Where
+
+from jobs.console import run_summary
+from pipeline.fleet import job_status
+from pipeline.job_runner import run_embedded
+from pipeline.shard_outcome import ShardOutcome
+from pipeline.stop_signals import RunInterrupted
+
+ROWS, MAX_TOKENS = 48, 4
+
+
+@pytest.fixture(params=["local", "moto"])
+def where(request, tmp_path: Path) -> Where:
+    if request.param == "local":
+        (tmp_path / "in").mkdir()
+        return Where(str(tmp_path / "in"), str(tmp_path / "out"), {})
+    server = request.getfixturevalue("s3_server")
+    bucket = request.getfixturevalue("s3_bucket")
+    return Where(f"s3://{bucket}/in", f"s3://{bucket}/out", server.storage_options, server.client())
+
+
+def test_status_and_summary_count_checkpointed_resumed_and_computed_rows(where: Where, tiny_model_dir: Path) -> None:
+    where.put("docs.jsonl", jsonl_bytes([{"id": f"d{i}", "text": f"text {i}", "lang": "en"} for i in range(ROWS)]))
+    plan = make_plan(where.input_url, where.output_url, tiny_model_dir, storage_options=where.options,
+                     checkpoint_rows=10_000, checkpoint_seconds=3600.0,
+                     sampling={"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True})
+
+    def stop_at_16(p: ShardOutcome) -> None:
+        if p.counts.rows >= 16:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(RunInterrupted):
+        run_embedded(plan, progress=False, on_progress=stop_at_16)
+    state = job_status(plan)  # what `tokenmill status SPEC` prints
+    (shard,) = state["shards"]
+    saved = shard["rows_done"]
+    assert 16 <= saved < ROWS
+    assert state["status"] == "incomplete" and state["progress"]["rows_done"] == saved
+    assert shard["state"] == "queued" and shard["reason"] == f"{saved} rows checkpointed (a re-run resumes after them)"
+
+    manifest = run_embedded(plan, progress=False)
+    totals, stats = manifest["totals"], manifest["engine_stats"]
+    computed = ROWS - saved
+    assert (totals["rows"], totals["rows_computed"], totals["rows_resumed"]) == (ROWS, computed, saved)
+    assert totals["rows_reused"] == totals["rows_shared"] == totals["rows_current"] == 0
+    assert totals["output_tokens"] == ROWS * MAX_TOKENS  # every row's tokens are in the output ...
+    assert stats["decode_tokens"] == computed * MAX_TOKENS  # ... but only these were generated now
+    assert stats["output_tokens_per_s"] == pytest.approx(computed * MAX_TOKENS / stats["elapsed_s"], rel=0.01)
+    table = run_summary(manifest)
+    values = dict(zip(table.columns[0]._cells, table.columns[1]._cells, strict=True))
+    assert values["rows"] == (f"{ROWS} ({computed} computed, {saved} resumed from a checkpoint, 0 reused from the "
+                              "previous part, 0 shared with an identical row, 0 in parts already current)")
+
+    again = run_embedded(plan, progress=False)  # every part current: nothing computed, no speed
+    assert again["totals"]["rows_current"] == ROWS and again["totals"]["rows_computed"] == 0
+    assert again["engine_stats"]["output_tokens_per_s"] == 0.0

@@ -1,0 +1,126 @@
+"""SIGTERM and SIGINT stop a run and keep its finished rows (issue 41, point 2).
+
+In process (tiny model; local and moto): a signal at 20 finished rows, with no periodic
+checkpoint due, leaves a checkpoint of at least those rows, no manifest and no lease, and
+raises ``RunInterrupted`` (143 / 130); the re-run takes exactly the checkpointed rows. End to
+end: SIGTERM to a real ``tokenmill run`` mid-shard exits 143, and the re-run computes only the
+rows after the checkpoint. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pipeline_support import jsonl_bytes, make_plan, tiny_model_toml
+from test_checkpoints import Where
+from typer.testing import CliRunner
+
+from connectors import ShardCheckpoint, list_shards, read_lease, read_manifest, read_parts
+from jobs.cli import app
+from pipeline.job_runner import run_embedded
+from pipeline.shard_outcome import ShardOutcome
+from pipeline.stop_signals import RunInterrupted
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(params=["local", "moto"])
+def where(request, tmp_path: Path) -> Where:
+    if request.param == "local":
+        (tmp_path / "in").mkdir()
+        return Where(str(tmp_path / "in"), str(tmp_path / "out"), {})
+    server = request.getfixturevalue("s3_server")
+    bucket = request.getfixturevalue("s3_bucket")
+    return Where(f"s3://{bucket}/in", f"s3://{bucket}/out", server.storage_options, server.client())
+
+
+def _docs(count: int) -> list[dict[str, Any]]:
+    return [{"id": f"d{i}", "text": f"document number {i} about {i % 7}", "lang": "en"} for i in range(count)]
+
+
+def _checkpointed(plan) -> int:
+    (shard,) = list_shards(plan.input_url, storage_options=plan.storage_options)
+    return ShardCheckpoint(plan.output_url, shard.part_id, plan.part_fingerprint(shard.fingerprint),
+                           plan.output_options).recorded_rows()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_checkpoints_the_finished_rows_and_the_rerun_starts_after_them(
+    where: Where, tiny_model_dir: Path, signum: int,
+) -> None:
+    where.put("docs.jsonl", jsonl_bytes(_docs(64)))
+    plan = make_plan(where.input_url, where.output_url, tiny_model_dir, storage_options=where.options,
+                     checkpoint_rows=10_000, checkpoint_seconds=3600.0)  # no periodic checkpoint is due
+    sent: list[int] = []
+    handlers = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)]
+
+    def signal_at_20(p: ShardOutcome) -> None:
+        if p.counts.rows >= 20 and not sent:
+            sent.append(p.counts.rows)
+            os.kill(os.getpid(), signum)
+
+    with pytest.raises(RunInterrupted) as stopped:
+        run_embedded(plan, progress=False, on_progress=signal_at_20)
+    assert stopped.value.code == 128 + signum
+    assert str(stopped.value).startswith(f"interrupted by {signal.Signals(signum).name}: run test-job stopped 1")
+    saved = _checkpointed(plan)
+    assert sent[0] <= saved < 64  # every row finished when the signal came, and those finished since
+    assert read_manifest(plan.output_url, plan.output_options) is None
+    assert read_lease(plan.output_url, plan.output_options) is None  # the re-run need not wait
+    assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)] == handlers  # given back
+
+    manifest = run_embedded(plan, progress=False)
+    (shard,) = manifest["shards"]
+    assert manifest["status"] == "succeeded" and shard["rows"] == 64 and shard["rows_resumed"] == saved
+    assert read_parts(plan.output_url, plan.output_options).column("id").to_pylist() == [f"d{i}" for i in range(64)]
+
+
+def test_sigterm_to_tokenmill_run_mid_shard_then_the_rerun_resumes(tmp_path: Path, tiny_model_dir: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs/a.jsonl").write_bytes(jsonl_bytes(_docs(96)))
+    spec = tmp_path / "job.toml"
+    spec.write_text('name = "sigterm"\n[input]\nurl = "docs/"\nid_field = "id"\n'
+                    '[output]\nurl = "out/"\ncheckpoint_rows = 16\n'
+                    f"{tiny_model_toml(tiny_model_dir)}[sampling]\nmax_tokens = 4\nignore_eos = true\n")
+    command = [sys.executable, "-m", "jobs.cli", "run", str(spec), "--no-progress", "--show", "0", "--json"]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    run = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    checkpoints = tmp_path / "out/_checkpoints"
+    deadline = time.monotonic() + 120
+    while not list(checkpoints.glob("*/checkpoint.json")):  # the first periodic checkpoint: mid-shard
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+        time.sleep(0.02)
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 143, err.decode()
+    assert "interrupted by SIGTERM" in err.decode()
+    assert not (tmp_path / "out/_lease.json").exists() and not (tmp_path / "out/_manifest.json").exists()
+    (record,) = checkpoints.glob("*/checkpoint.json")
+    saved = json.loads(record.read_text())["chunks"][-1]["end"]
+    assert 16 <= saved < 96
+
+    again = CliRunner().invoke(app, command[3:])  # the same command, in process: one model load less
+    assert again.exit_code == 0, again.output
+    (shard,) = json.loads(again.output)["shards"]
+    assert shard["rows"] == 96 and shard["rows_resumed"] == saved  # only the rows after it computed
+
+
+def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
+    script = ("import os, signal, time\n"
+              "from pipeline.stop_signals import stoppable_run\n"
+              "with stoppable_run():\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    time.sleep(60)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=30,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 143
+    assert done.stderr.decode().strip().endswith("second SIGTERM: exiting now")
