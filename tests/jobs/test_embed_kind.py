@@ -68,3 +68,48 @@ def test_example_spec_plans(tmp_path) -> None:
     plan = JobSpec.from_file(Path(__file__).parents[2] / "examples" / "embed.toml").to_plan("x")
     assert plan.request_mode == "embed" and plan.extra_columns == {"embedding": "fixed_size_list<float32>[256]"}
     assert plan.mode_options == {"pooling": "mean", "normalize": True, "dimensions": 256}
+
+
+def _line(custom_id: str, text, **body) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings",
+            "body": {"model": "text-embedding-3-small", "input": text, **body}}
+
+
+def test_openai_batch_embedding_lines(tmp_path, tiny_model_dir) -> None:
+    """``/v1/embeddings`` lines of a Batch API file: each line's answer is an embeddings list with
+    the engine's vector (its own ``dimensions`` and ``encoding_format``); a bad line fails the
+    file up front, naming it."""
+    import base64
+
+    from jobs import run
+    from jobs.openai_requests import OpenAIBatchError, convert_requests
+
+    texts = ["The Moon orbits the Earth.", "Plants make sugar from light."]
+    lines = [_line("a", texts[0]), _line("b", [texts[1]], dimensions=16, encoding_format="base64")]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "batch.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    settings = {k: v for k, v in tiny_engine(tiny_model_dir).items() if k != "model"}
+    spec = JobSpec.from_dict({"name": "eb", "kind": "openai_batch", "input": {"url": str(tmp_path / "in")},
+                              "output": {"url": str(tmp_path / "out")},
+                              "model": {"path": str(tiny_model_dir), **settings}})
+    assert run(spec, job_id="eb")["status"] == "succeeded"
+    out = {x["custom_id"]: x for x in map(json.loads, (tmp_path / "out/output.jsonl").read_text().splitlines())}
+    llm = LLM(str(tiny_model_dir), **settings)
+    ids = [llm.tokenizer(t, split_special_tokens=True)["input_ids"] for t in texts]
+    full, short = llm.embed(ids[:1])[0].embedding, llm.embed(ids[1:], dimensions=16)[0].embedding
+    body_a, body_b = out["a"]["response"]["body"], out["b"]["response"]["body"]
+    assert out["a"]["error"] is None and body_a["object"] == "list" and body_a["usage"]["prompt_tokens"] == len(ids[0])
+    np.testing.assert_allclose(np.array(body_a["data"][0]["embedding"], np.float32), full, atol=1e-5)
+    got_b = np.frombuffer(base64.b64decode(body_b["data"][0]["embedding"]), "<f4")
+    np.testing.assert_allclose(got_b, short, atol=1e-5)
+
+    bad = [_line("c", ["one", "two"]), _line("d", "x", dimensions=0), _line("e", [1, 2, 3]),
+           {**_line("f", "x"), "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "x"}]}}]
+    (tmp_path / "in" / "batch.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [_line("ok", "x"), *bad]))
+    with pytest.raises(OpenAIBatchError) as info:
+        convert_requests(str(tmp_path / "in"), str(tmp_path / "out2"))
+    message = str(info.value)
+    for expected in ("line 2: body.input must be one text (one input per request line)",
+                     "line 3: body.dimensions: Input should be greater than or equal to 1",
+                     "line 4: body.input must be one text", "line 5: url '/v1/chat/completions': one endpoint per batch"):
+        assert expected in message, message

@@ -1,14 +1,17 @@
 """``POST /v1/embeddings`` of a live ``tokenmill serve`` through the stock ``openai`` client: its
 default base64 answer and ``encoding_format="float"`` give ``LLM.embed``'s vectors for texts
-and token ids, ``dimensions`` truncates and renormalises, and a bad input is one clear 400."""
+and token ids, ``dimensions`` truncates and renormalises, and a bad input is one clear 400; and
+a Batch API file of ``/v1/embeddings`` lines gives the same vectors."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import openai
 import pytest
 from pipeline_support import tiny_engine
-from service_stack import MODEL_NAME, free_port
+from service_stack import MODEL_NAME, free_port, wait_for
 from test_service_embedded import _serve
 from transformers import AutoTokenizer
 
@@ -19,11 +22,16 @@ TEXTS = ["The quick brown fox", "Numbers: one, two, three,", "A third, longer se
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory, tiny_model_dir):
+def server(tmp_path_factory, tiny_model_dir):
     port = free_port()
     proc = _serve(tmp_path_factory.mktemp("embeddings"), tiny_model_dir, port, KEY, "serve.log")
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=60)
+    yield proc, port
     proc.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{server[1]}/v1", api_key=KEY, max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +70,25 @@ def test_bad_requests_are_one_clear_error(client, kwargs, message):
     with pytest.raises((openai.BadRequestError, openai.NotFoundError)) as info:
         client.embeddings.create(**{"model": MODEL_NAME, **kwargs})
     assert message in info.value.body["message"]
+
+
+def test_a_batch_of_embedding_lines(server, client, reference):
+    ids, full, short = reference
+    lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/embeddings",
+              "body": {"model": MODEL_NAME, "input": text, **({"dimensions": 16} if i == 1 else {})}}
+             for i, text in enumerate(TEXTS)]
+    upload = client.files.create(file=("e.jsonl", "".join(json.dumps(x) + "\n" for x in lines).encode()),
+                                 purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h")
+
+    def finished():
+        server[0].check()
+        b = client.batches.retrieve(batch.id)
+        return b if b.status in ("completed", "failed") else None
+
+    done = wait_for(finished, 180, "the embeddings batch", interval=0.3)
+    assert done.status == "completed" and done.request_counts.completed == 3, done.errors
+    out = {x["custom_id"]: x["response"]["body"] for x in map(json.loads, client.files.content(done.output_file_id)
+                                                               .text.splitlines())}
+    for i, want in enumerate((full[0], short[1], full[2])):
+        np.testing.assert_allclose(np.array(out[f"c{i}"]["data"][0]["embedding"], np.float32), want, atol=1e-5)
