@@ -15,6 +15,7 @@ _PUBLIC = {
     "CompletionOutput": "engine.outputs",
     "EngineConfig": "engine.config",
     "LLMEngine": "engine.llm_engine",
+    "PoolingParams": "engine.pooling",
     "Logprob": "engine.outputs",
     "RequestError": "engine.request_intake",
     "RequestOutput": "engine.outputs",
@@ -22,7 +23,7 @@ _PUBLIC = {
     "StructuredOutput": "engine.structured_output",
 }
 __all__ = [
-    "LLM", "CompletionOutput", "EngineConfig", "LLMEngine", "Logprob", "RequestError", "RequestOutput",
+    "LLM", "CompletionOutput", "EngineConfig", "LLMEngine", "Logprob", "PoolingParams", "RequestError", "RequestOutput",
     "SamplingParams", "StructuredOutput",
 ]
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from engine.llm import LLM
     from engine.llm_engine import LLMEngine
     from engine.outputs import CompletionOutput, Logprob, RequestOutput
+    from engine.pooling import PoolingParams
     from engine.request_intake import RequestError
     from engine.sampling_params import SamplingParams
     from engine.structured_output import StructuredOutput

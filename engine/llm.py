@@ -12,6 +12,7 @@ from engine.host import objects_frozen_during_call
 from engine.llm_engine import LLMEngine, RequestError
 from engine.model_registry import DEFAULT_MODEL
 from engine.outputs import RequestOutput
+from engine.pooling import PoolingParams
 from engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]
@@ -43,18 +44,35 @@ class LLM:
 
     def _generate(self, prompts: Seq[Prompt], sampling_params: Params | Seq[Params] | None,
                   use_tqdm: bool) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+        prompts = _prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams | dict):
             params_list: list[Params | None] = [sampling_params] * len(prompts)
         else:
             params_list = list(sampling_params)
             if len(params_list) != len(prompts):
                 raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} sampling params")
+        return self._run(prompts, params_list, use_tqdm, "generate")
+
+    def embed(
+        self, prompts: Seq[Prompt], pooling: str | None = None, normalize: bool | None = None,
+        dimensions: int | None = None, use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """One vector per prompt (``output.embedding``, float32), in input order: the prompt runs
+        through the layers and the final norm, never the LM head, and its final hidden states are
+        pooled (``pooling`` "last", "mean" or "cls"; None: as the model's sentence-transformers
+        files say, else "last"), truncated to ``dimensions`` and L2-normalised (``normalize``
+        None: as the model says, else yes). Each request's KV blocks are freed in the step that
+        computes its last token. A bad prompt comes back with ``error`` set, like ``generate``."""
+        params = PoolingParams(pooling, normalize, dimensions)
+        with objects_frozen_during_call():
+            prompts = _prompt_list(prompts)
+            return self._run(prompts, [params] * len(prompts), use_tqdm, "embed")
+
+    def _run(self, prompts: list[Prompt], params_list: list, use_tqdm: bool, what: str) -> list[RequestOutput]:
         ids = [str(self._next_id + i) for i in range(len(prompts))]
         self._next_id += len(prompts)
         results: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
+        bar = tqdm(total=len(ids), desc=what, disable=not use_tqdm)
 
         def refused(rid: str, prompt: Prompt, error: RequestError) -> None:
             prompt_ids = list(prompt) if not isinstance(prompt, str) else []
@@ -83,3 +101,10 @@ class LLM:
 
     def stats(self) -> dict[str, Any]:
         return self.engine.stats()
+
+
+def _prompt_list(prompts: Seq[Prompt] | Prompt) -> list[Prompt]:
+    """One prompt (a text or a list of token ids) or many, as a list of prompts."""
+    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        return [prompts]  # type: ignore[list-item]
+    return list(prompts)

@@ -21,6 +21,8 @@ from engine.model_registry import resolve_model
 from engine.model_runner import InFlightStep, ModelRunner, StepLogits
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
+from engine.pooling import PoolingParams, accumulate
+from engine.pooling_config import model_pooling
 from engine.request_feed import Request, RequestFeed
 from engine.request_intake import RequestError, RequestIntake, sampling_params
 from engine.request_state import RequestState
@@ -79,7 +81,7 @@ class LLMEngine:
         self.structured = StructuredOutputBackend(self.tokenizer, hf_config.vocab_size, sorted(self.eos_token_ids))
         self.intake = RequestIntake(
             hf_config.vocab_size, self.max_model_len, self.num_kv_blocks, config.block_size, self.structured,
-            config.seed,
+            config.seed, hf_config.hidden_size, model_pooling(self.model_dir),
         )
         self.requests: dict[str, RequestState] = {}
         self.async_scheduling = config.async_scheduling if config.async_scheduling is not None else device != "cpu"
@@ -106,13 +108,20 @@ class LLMEngine:
         return chat_token_ids(self.tokenizer, messages)  # message content never becomes control tokens
 
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams | dict[str, Any] | None = None
+        self, request_id: str, prompt: str | list[int],
+        params: SamplingParams | PoolingParams | dict[str, Any] | None = None,
     ) -> None:
-        """Queue a request. Raises ``RequestError`` naming the request if it cannot run."""
+        """Queue a request (``PoolingParams``: an embedding request, whose output carries
+        ``embedding``). Raises ``RequestError`` naming the request if it cannot run."""
         if request_id in self.requests:
             raise RequestError(request_id, "id already in use")
-        params = sampling_params(request_id, params)
         token_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if isinstance(params, PoolingParams):
+            state = self.intake.new_embedding(request_id, token_ids, params)
+            self.requests[request_id] = state
+            self.scheduler.add(state.seqs[0])
+            return
+        params = sampling_params(request_id, params)
         state = self.intake.new_request(request_id, token_ids, params)
         self.requests[request_id] = state
         if params.structured_output is not None or params.logprobs is not None or params.n > 1:
@@ -214,6 +223,9 @@ class LLMEngine:
             k = seq.params.prompt_logprobs or 0
             entries = prompt_logprobs_for_rows(rows, seq.prompt_token_ids, first, k)
             self.requests[seq.request_id].prompt_logprobs[first + 1 : first + 1 + len(entries)] = entries
+        for seq, first, rows in step.pooled:
+            if (vector := accumulate(seq, first, rows)) is not None:
+                self._finish_embedding(seq, vector, finished)
         if not step.sample_seqs:
             return
         seqs, logits = step.sample_seqs, step.logits
@@ -231,6 +243,13 @@ class LLMEngine:
                 finished.append(self.output_processor.build(state))
                 del self.requests[seq.request_id]
                 self._host_bound.discard(seq.request_id)
+
+    def _finish_embedding(self, seq: Sequence, vector, finished: list[RequestOutput]) -> None:
+        """An embedding is complete: its request ends in this step and its blocks are free now."""
+        self.scheduler.finish(seq, "stop")
+        state = self.requests.pop(seq.request_id)
+        state.embedding, state.num_finished = vector, 1
+        finished.append(self.output_processor.build(state))
 
     # ---- async scheduling -----------------------------------------------------------
     def _step_overlapped(self) -> list[RequestOutput]:
@@ -266,7 +285,7 @@ class LLMEngine:
         return finished
 
     def _overlappable(self, batch: ScheduledBatch) -> bool:
-        if self.fault_injector is not None or batch.wants_prompt_logits:
+        if self.fault_injector is not None or batch.wants_prompt_logits or batch.wants_hidden:
             return False
         return not self._host_bound or all(
             seq.matcher is None and seq.logprobs is None and not seq.pending_forks for seq in batch.seqs

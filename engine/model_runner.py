@@ -30,6 +30,8 @@ class StepLogits:
     sample_seqs: list[Sequence] = field(default_factory=list)
     logits: torch.Tensor | None = None  # [len(sample_seqs), vocab]
     prompt: list[tuple[Sequence, int, torch.Tensor]] = field(default_factory=list)
+    # embedding requests: (seq, first position, float32 final hidden states of positions first...)
+    pooled: list[tuple[Sequence, int, torch.Tensor]] = field(default_factory=list)
 
     @classmethod
     def merge(cls, parts: list[StepLogits]) -> StepLogits:
@@ -38,6 +40,7 @@ class StepLogits:
             [s for p in parts for s in p.sample_seqs],
             torch.cat(rows) if rows else None,
             [x for p in parts for x in p.prompt],
+            [x for p in parts for x in p.pooled],
         )
 
 
@@ -133,7 +136,12 @@ class ModelRunner:
         """Run one forward pass; the LM head runs only on the rows that sample or give a
         prompt logprob."""
         inputs = self.prepare(batch)
-        logits = self._forward(inputs).float()  # logprobs, grammar masks and forks read float32
+        hidden = None
+        if inputs.pool_rows:
+            logits, hidden = self._forward_pooling(inputs)
+        else:
+            logits = self._forward(inputs)
+        logits = logits.float()  # logprobs, grammar masks and forks read float32
         if not logits.is_cuda and (event := self.record_event()) is not None:
             event.synchronize()  # a simulated device (the host-overhead bench); CUDA syncs on reading tokens
         # Sampling rows stay on the device: a greedy step then copies token ids, not
@@ -144,7 +152,21 @@ class ModelRunner:
         for seq, first, count in inputs.prompt_rows:
             out.prompt.append((seq, first, logits[row : row + count]))  # stay on the device
             row += count
+        row = 0
+        for seq, first, count in inputs.pool_rows:
+            out.pooled.append((seq, first, hidden[row : row + count]))
+            row += count
         return out
+
+    def _forward_pooling(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """A step with embedding requests, eagerly: the layers once, then the LM head on the
+        sampling rows and only the final norm on the rows that pool (float32)."""
+        model = getattr(self.model, "_orig_mod", self.model)  # under torch.compile, the module itself
+        x, residual = model.hidden_states(inputs.input_ids, inputs.positions, inputs.meta)
+        logits = model.logits(x, residual, inputs.logits_indices)
+        rows = inputs.pool_indices
+        hidden, _ = model.norm.forward(x[rows], residual[rows])
+        return logits, hidden.float()
 
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch, previous: InFlightStep | None) -> InFlightStep:

@@ -56,5 +56,5 @@ class OutputProcessor:
         )
         return RequestOutput.from_completions(
             state.request_id, list(state.prompt_token_ids), completions, error=state.error, metrics=metrics,
-            prompt_logprobs=state.prompt_logprobs,
+            prompt_logprobs=state.prompt_logprobs, embedding=state.embedding,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -65,6 +66,7 @@ class RequestOutput:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     logprobs: list[PositionLogprobs] | None = None
     cumulative_logprob: float | None = None
+    embedding: Any = None  # an embedding request's vector: a float32 numpy array (no tokens, no text)
 
     def __post_init__(self) -> None:
         if not self.outputs:

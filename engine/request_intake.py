@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from engine.pooling import PoolingParams
+from engine.pooling_config import ModelPooling
 from engine.request_state import RequestState
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
@@ -35,6 +37,9 @@ def sampling_params(request_id: str, params: SamplingParams | dict[str, Any] | N
         raise RequestError(request_id, f"invalid sampling parameters: {e}") from None
 
 
+_PROMPT_ONLY = SamplingParams(max_tokens=1, temperature=0.0)
+
+
 def _plain_ints(token_ids: list[int]) -> bool:
     """Every id is exactly an ``int``, checked in C (``map``, ``set``): a per-id Python test cost
     about 50 us a prompt, 50 ms before the first step of a 1,024-prompt ``generate`` on a GPU host."""
@@ -46,7 +51,8 @@ class RequestIntake:
 
     def __init__(
         self, vocab_size: int, max_model_len: int, num_kv_blocks: int, block_size: int,
-        structured: StructuredOutputBackend, seed: int,
+        structured: StructuredOutputBackend, seed: int, hidden_size: int | None = None,
+        pooling: ModelPooling | None = None,
     ) -> None:
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -54,6 +60,20 @@ class RequestIntake:
         self.block_size = block_size
         self.structured = structured
         self._rng = random.Random(seed)
+        self.hidden_size = hidden_size
+        self.pooling = pooling or ModelPooling()
+
+    def new_embedding(self, request_id: str, token_ids: list[int], params: PoolingParams) -> RequestState:
+        """An embedding request: one sequence that computes its prompt and never samples (its
+        one-token budget only sizes its KV need as the prompt's own)."""
+        try:
+            params = params.resolved(self.pooling)
+            params.validate(self.hidden_size)
+        except (TypeError, ValueError) as e:
+            raise RequestError(request_id, f"invalid pooling parameters: {e}") from None
+        state = self.new_request(request_id, token_ids, _PROMPT_ONLY)
+        state.seqs[0].pooling = params
+        return state
 
     def new_request(self, request_id: str, token_ids: list[int], params: SamplingParams) -> RequestState:
         """The request with its first sample; raises ``RequestError`` if it can never run."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.outputs import PositionLogprobs
 from engine.sampling_params import SamplingParams
@@ -18,6 +19,7 @@ class RequestState:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_finished: int = 0
     error: str | None = None
+    embedding: Any = None  # an embedding request's vector (float32 numpy), once pooled
     seed: int | None = None  # sample i draws from seed + i (the request's, or drawn when it came in)
 
     @property

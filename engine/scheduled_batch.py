@@ -46,6 +46,7 @@ class ScheduledBatch:
     samples: list[bool] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     wants_prompt_logits: bool = False  # some sequence asks for prompt logprobs in this chunk
+    wants_hidden: bool = False  # some sequence pools hidden states (an embedding request)
     num_prompt_tokens: int = 0  # tokens of this step that (re)compute a prompt or a preempted output
     # the first num_decodes entries are decodes (the scheduler puts them first); None: entries in
     # any order (the runner sorts them)

@@ -100,6 +100,8 @@ class Scheduler:
                 prompt_tokens += self._prompt_tokens(seq, computed, num_new)
                 if seq.needs_prompt_logits:
                     batch.wants_prompt_logits = True
+                if seq.pooling is not None:
+                    batch.wants_hidden = True
             budget -= num_new
             i += 1
 
@@ -113,6 +115,8 @@ class Scheduler:
                 prompt_tokens += self._prompt_tokens(seq, computed, num_new)
                 if seq.needs_prompt_logits:
                     batch.wants_prompt_logits = True
+                if seq.pooling is not None:
+                    batch.wants_hidden = True
         batch.num_decodes = len(seqs)
         batch.num_new_tokens = [1] * len(seqs)
         for item in chunks:

@@ -65,6 +65,8 @@ class Sequence:
     cumulative_logprob: float = 0.0
     seed: int | None = None  # a sampling (non-greedy) sequence's seed: its draws hash (seed, position)
     matcher: Any = None  # grammar matcher of a structured-output sequence
+    pooling: Any = None  # engine.pooling.PoolingParams of an embedding request (it never samples)
+    pooled: Any = None  # its pooled state so far (mean pooling's running sum)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -101,6 +103,8 @@ class Sequence:
         computed (its logits sample the next one), and so is every prompt position whose
         logits give a prompt logprob that is asked for."""
         limit = self.num_tokens - 1
+        if self.pooling is not None and self.pooling.pooling != "last":
+            return 0  # mean and cls pooling read hidden states from position 0 on
         if self.needs_prompt_logits:
             limit = min(limit, self.params.prompt_logprobs_start - 1)
         return limit

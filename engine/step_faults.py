@@ -43,7 +43,8 @@ class StepFaults:
                 self._scheduler.preempt(seq)  # it mapped a failed request's prefix this step: recompute
                 continue
             try:
-                alone = ScheduledBatch.of(batch.step, [item], wants_prompt_logits=batch.wants_prompt_logits)
+                alone = ScheduledBatch.of(batch.step, [item], wants_prompt_logits=batch.wants_prompt_logits,
+                                          wants_hidden=batch.wants_hidden)
                 parts.append(self._run(alone))
             except Exception as error:
                 poisoned.update(b for b in seq.block_table if b != RELEASED)

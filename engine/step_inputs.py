@@ -18,6 +18,7 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.block_table_rows import BlockTableRows
+from engine.pooling import pool_positions
 from engine.scheduled_batch import ScheduledBatch
 from engine.sequence import Sequence
 
@@ -35,6 +36,8 @@ class StepInputs:
     sample_seqs: list[Sequence] = field(default_factory=list)
     prompt_rows: list[tuple[Sequence, int, int]] = field(default_factory=list)  # (seq, first position, count)
     sample_table_rows: np.ndarray = field(default_factory=lambda: _NONE)  # BlockTableRows row of each sample_seqs
+    pool_rows: list[tuple[Sequence, int, int]] = field(default_factory=list)  # (seq, first position, count)
+    pool_indices: torch.Tensor | None = None  # flat rows whose final hidden states pool_rows take, in order
 
 
 def prompt_logit_positions(seq: Sequence, computed: int, num_new: int) -> range:
@@ -97,6 +100,16 @@ def build_step_inputs(
         positions = np.arange(num_tokens) - (qsl[:-1] - ctx)[seq_index]
         slot_mapping = tables[seq_index, positions // bs] * bs + positions % bs
 
+    pool_rows: list[tuple[Sequence, int, int]] = []
+    pool_indices: list[int] = []
+    if batch.wants_hidden:  # embedding requests: hidden-state rows instead of a sample
+        samples = [smp and seq.pooling is None for seq, smp in zip(seqs, samples, strict=True)]
+        for i, (seq, q, c) in enumerate(zip(seqs, query_lens, context_lens, strict=True)):
+            wanted = pool_positions(seq, c, q) if seq.pooling is not None else range(0)
+            if wanted:
+                start = int(qsl[i]) - c
+                pool_indices.extend(range(start + wanted.start, start + wanted.stop))
+                pool_rows.append((seq, wanted.start, len(wanted)))
     # (a list of bools becomes an array 2.5x faster through fromiter than through flatnonzero)
     sample_rows = np.flatnonzero(np.fromiter(samples, bool, n))
     indices = qsl[1:][sample_rows] - 1
@@ -138,7 +151,8 @@ def build_step_inputs(
         sample_seqs, sample_table_rows = list(seqs), rows
     else:
         sample_seqs, sample_table_rows = list(compress(seqs, samples)), rows[sample_rows]
-    return StepInputs(ids, pos, meta, idx_d, sample_seqs, prompt_rows, sample_table_rows)
+    pool_d = torch.tensor(pool_indices, dtype=torch.int64, device=device) if pool_rows else None
+    return StepInputs(ids, pos, meta, idx_d, sample_seqs, prompt_rows, sample_table_rows, pool_rows, pool_d)
 
 
 _NONE = np.zeros(0, np.int64)

@@ -23,6 +23,7 @@ from typing import Any
 
 from connectors import file_set_is_current, join_url, list_shards, read_lines, write_file_set
 from engine import SamplingParams
+from jobs.openai_embeddings import EMBEDDING_URLS, embedding_row
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +53,16 @@ class Conversion:
     requests: int
     warnings: list[str] = field(default_factory=list)
     completions: bool = False  # the file's requests are /v1/completions (raw prompts)
+    embeddings: bool = False  # the file's requests are /v1/embeddings (jobs.openai_embeddings)
     # Whether ``url`` holds exactly these converted shards (always, once written; a read-only
     # conversion says whether an earlier run left them there).
     current: bool = True
 
 
-def _is_completion(line: str) -> bool:
-    """Whether an already validated request line posts to /v1/completions."""
-    return json.loads(line).get("url") in COMPLETION_URLS
+def _endpoint(line: str) -> str:
+    """Which endpoint an already validated request line posts to: chat, completions or embeddings."""
+    url = json.loads(line).get("url")
+    return "completions" if url in COMPLETION_URLS else "embeddings" if url in EMBEDDING_URLS else "chat"
 
 
 def _content_text(content: Any, where: str) -> str:
@@ -159,11 +162,14 @@ def parse_request(line: str) -> tuple[str, dict[str, Any], dict[str, Any], set[s
         raise ValueError("custom_id must be a non-empty string")
     if str(request.get("method", "")).upper() != "POST":
         raise ValueError(f"method must be POST, got {request.get('method')!r}")
-    if request.get("url") not in CHAT_URLS + COMPLETION_URLS:
-        raise ValueError(f"url must be /v1/chat/completions or /v1/completions, got {request.get('url')!r}")
+    if request.get("url") not in CHAT_URLS + COMPLETION_URLS + EMBEDDING_URLS:
+        raise ValueError(f"url must be /v1/chat/completions, /v1/completions or /v1/embeddings, "
+                         f"got {request.get('url')!r}")
     body = request.get("body")
     if not isinstance(body, dict):
         raise ValueError("body must be a JSON object")
+    if request["url"] in EMBEDDING_URLS:
+        return embedding_row(custom_id, body)
     if request["url"] in COMPLETION_URLS:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
@@ -203,7 +209,7 @@ def convert_requests(
     requests = 0
     ignored: set[str] = set()
     converted: list[tuple[str, str]] = []
-    kinds: dict[bool, str] = {}  # completions? -> where first seen: one endpoint per file
+    kinds: dict[str, str] = {}  # endpoint -> where first seen: one endpoint per file
     for shard in shards:
         rows = []
         for n, line in enumerate(read_lines(shard.url, shard.compression, storage_options), 1):
@@ -214,11 +220,11 @@ def convert_requests(
                 custom_id, row, _sampling, extra = parse_request(line)
                 if custom_id in ids:
                     raise ValueError(f"custom_id {custom_id!r} repeats {ids[custom_id]}")
-                completion = _is_completion(line)
-                if kinds and completion not in kinds:
+                endpoint = _endpoint(line)
+                if kinds and endpoint not in kinds:
                     raise ValueError(f"url {json.loads(line)['url']!r}: one endpoint per batch "
-                                     f"({next(iter(kinds.values()))} uses the other)")
-                kinds.setdefault(completion, where)
+                                     f"({next(iter(kinds.values()))} uses another)")
+                kinds.setdefault(endpoint, where)
             except ValueError as exc:
                 errors.append(f"{where}: {exc}")
                 continue
@@ -245,4 +251,5 @@ def convert_requests(
         warnings.append(f"request body fields ignored: {', '.join(sorted(ignored))}")
     for warning in warnings:
         log.warning("%s", warning)
-    return Conversion(url=target, requests=requests, warnings=warnings, completions=True in kinds, current=current)
+    return Conversion(url=target, requests=requests, warnings=warnings, completions="completions" in kinds,
+                      embeddings="embeddings" in kinds, current=current)

@@ -29,6 +29,7 @@ from pydantic import Field, field_validator, model_validator
 
 from jobs.engine_sections import ModelSection, SamplingSection
 from jobs.kinds import KindName, job_kind
+from jobs.kinds.embed import EmbedSection
 from jobs.schedule import Schedule, parse_schedule
 from jobs.secrets import reveal
 from jobs.sections import EvaluateSection, ExtractSection, InputSection, OutputSection, PromptSection, Section
@@ -54,6 +55,7 @@ class JobSpec(Section):
     sampling: SamplingSection = Field(default_factory=SamplingSection)
     evaluate: EvaluateSection | None = None
     extract: ExtractSection | None = None
+    embed: EmbedSection | None = None
     schedule: str | None = Field(None, description="cron (UTC) like '0 2 * * *', or 'every 30s'")
     truncate_prompt: bool = Field(False, description="cut over-long documents instead of failing the row")
 
@@ -70,6 +72,8 @@ class JobSpec(Section):
             raise ValueError(f"evaluate: the [evaluate] table is only for kind 'evaluate' (kind is {self.kind!r})")
         if self.extract is not None and self.kind != "extract":
             raise ValueError(f"extract: the [extract] table is only for kind 'extract' (kind is {self.kind!r})")
+        if self.embed is not None and self.kind != "embed":
+            raise ValueError(f"embed: the [embed] table is only for kind 'embed' (kind is {self.kind!r})")
         if self.sampling.n > 1 and self.kind not in ("generate", "evaluate"):
             raise ValueError(f"sampling.n: only kinds 'generate' and 'evaluate' take n samples (kind is {self.kind!r})")
         if self.input.format == "openai_batch" and self.kind != "openai_batch":

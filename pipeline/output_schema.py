@@ -8,6 +8,7 @@ and every part of a job must share one schema so readers can concatenate them.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pyarrow as pa
@@ -28,6 +29,8 @@ _EXTRA_TYPES = {
 }
 # Per-row lists: samples of one prompt, scores of each answer choice.
 _EXTRA_TYPES.update({f"list<{name}>": pa.list_(t) for name, t in list(_EXTRA_TYPES.items())})
+# Vectors of one length (embeddings): "fixed_size_list<float32>[1024]".
+_VECTOR = re.compile(r"fixed_size_list<float32>\[([1-9][0-9]{0,5})\]")
 
 
 class SchemaError(ValueError):
@@ -36,8 +39,11 @@ class SchemaError(ValueError):
 
 def extra_type(name: str, type_name: str) -> pa.DataType:
     t = _EXTRA_TYPES.get(str(type_name).lower())
+    if t is None and (vector := _VECTOR.fullmatch(str(type_name).lower())):
+        t = pa.list_(pa.float32(), int(vector.group(1)))
     if t is None:
-        raise SchemaError(f"extra column {name!r}: unsupported type {type_name!r} (use one of {sorted(_EXTRA_TYPES)})")
+        raise SchemaError(f"extra column {name!r}: unsupported type {type_name!r} "
+                          f"(use one of {sorted(_EXTRA_TYPES)} or fixed_size_list<float32>[N])")
     return t
 
 

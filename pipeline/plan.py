@@ -43,6 +43,7 @@ class RequestMode(StrEnum):
     LOGLIKELIHOOD = "loglikelihood"  # one request per answer choice, scored by its logprobs
     PERPLEXITY = "perplexity"  # every token of the document scored
     TOKENS = "tokens"  # the row carries its prompt's token ids: generated from, or a span scored
+    EMBED = "embed"  # the row's text pooled into one vector (pipeline.embed_requests)
 
 
 @dataclass

@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 
+from engine.sampling_params import SamplingParams
 from pipeline.plan import JobPlan
 from pipeline.row_requests import SubRequest
 
@@ -45,4 +46,5 @@ class ContentKeys:
 
 def shareable(subs: list[SubRequest]) -> bool:
     """Whether two rows with these requests get the same result: greedy, or seeded."""
-    return all(s.params.greedy or s.params.seed is not None for s in subs)
+    return all(not isinstance(s.params, SamplingParams) or s.params.greedy or s.params.seed is not None
+               for s in subs)  # (an embedding is computed the same every time)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine import RequestOutput, SamplingParams
+from engine import PoolingParams, RequestOutput, SamplingParams
 from pipeline.openai_output import CHOICES_KEY, logprobs_content
 from pipeline.plan import JobPlan, RequestMode
 from pipeline.shard_engine import PromptEngine
@@ -34,7 +34,7 @@ class SubRequest:
     """One engine request of a row; ``scored_from``: first prompt position whose logprob counts."""
 
     token_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams | PoolingParams
     scored_from: int | None = None
     label: str | None = None  # the answer choice this request scores
 
@@ -72,6 +72,10 @@ class RequestBuilder:
             from pipeline.token_requests import TokenRequests
 
             self.scorer = TokenRequests(self.row_params)
+        elif plan.request_mode == RequestMode.EMBED:
+            from pipeline.embed_requests import EmbedRequests
+
+            self.scorer = EmbedRequests(plan, engine)
         elif plan.request_mode != RequestMode.GENERATE:
             from pipeline.loglikelihood import Scorer
 

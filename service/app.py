@@ -21,6 +21,7 @@ from service.output_owners import OutputOwners
 from service.records import Store
 from service.routes_batches import router as batches_router
 from service.routes_completions import router as completions_router
+from service.routes_embeddings import router as embeddings_router
 from service.routes_files import router as files_router
 from service.routes_jobs import router as jobs_router
 from service.runners import EmbeddedRunner, FleetRunner, Runner
@@ -59,6 +60,7 @@ def create_app(settings: ServiceSettings, runner: Runner | None = None) -> FastA
     app.include_router(batches_router)
     app.include_router(jobs_router)
     app.include_router(completions_router)
+    app.include_router(embeddings_router)
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
 
     app.add_middleware(RequestGuard, settings=settings)  # the key and the body limit, before any body

@@ -9,9 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from jobs.kinds.base import JobKind, few_shot_turns
+from jobs.kinds.embed import model_hidden_size
+from jobs.openai_embeddings import embedding_line
 from jobs.openai_requests import SAMPLING_FIELD, convert_requests
 from jobs.secrets import reveal
-from pipeline.plan import PromptPlan
+from pipeline.embed_requests import EMBEDDING_COLUMN, vector_type
+from pipeline.kind_steps import Step
+from pipeline.plan import PromptPlan, RequestMode
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
@@ -41,7 +45,12 @@ class OpenAIBatch(JobKind):
             input_url, storage_options = converted.url, in_options if out_options is None else out_options
         else:
             input_url, storage_options = spec.input.full_url, in_options
+        fields: dict[str, Any] = {}
+        if converted.embeddings:  # /v1/embeddings lines: each row's text pooled, its line from the row step
+            fields = {"request_mode": RequestMode.EMBED, "mode_options": {"normalize": True}, "hook_options": {"model": spec.model.engine_settings()["model"]},
+                      "extra_columns": {EMBEDDING_COLUMN: vector_type(model_hidden_size(spec))}}
         return {
+            **fields,
             "input_url": input_url,
             "storage_options": storage_options,
             "input_format": "jsonl",
@@ -52,3 +61,9 @@ class OpenAIBatch(JobKind):
             "prompt": PromptPlan(system=spec.prompt.system or "", messages_field="messages",
                                  few_shot=few_shot_turns(spec), raw_prompt=converted.completions),
         }
+
+    def row_step(self, plan) -> Step | None:
+        return EMBEDDING_LINE if plan.request_mode == RequestMode.EMBED else None
+
+
+EMBEDDING_LINE = Step("jobs.openai_embeddings:embedding_line", embedding_line)

@@ -136,7 +136,7 @@ def test_run_evaluate_writes_report(tmp_path: Path, tiny_model_dir: Path) -> Non
     ("body", "message"),
     [
         ('name = "x"\nkind = "summarise"\n[input]\nurl = "d"\n[output]\nurl = "o"\n',
-         "spec error: kind: Input should be 'summarize', 'evaluate', 'extract', 'generate', 'harness_requests', 'openai_batch' or 'perplexity'"),
+         "spec error: kind: Input should be 'summarize', 'embed', 'evaluate', 'extract', 'generate', 'harness_requests', 'openai_batch' or 'perplexity'"),
         ('name = "x"\n[input]\nurl = "d"\ntxt_field = "b"\n[output]\nurl = "o"\n',
          "spec error: input.txt_field: unknown field; did you mean 'text_field'?"),
         ('name = "x"\n[input]\nurl = "d"\n[output]\nurl = "o"\n[prompt]\ntemplate = "{document.__class__}"\n',

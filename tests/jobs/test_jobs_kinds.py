@@ -204,7 +204,7 @@ def test_openai_batch_input_validated_up_front(tmp_path: Path) -> None:
     bad = [
         batch_line("a", "fine"),
         batch_line("a", "duplicate id"),
-        {**batch_line("c", "x"), "url": "/v1/embeddings"},
+        {**batch_line("c", "x"), "url": "/v1/moderations"},
         {**batch_line("d", "x"), "method": "GET"},
         {"custom_id": "e", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}},
         "{not json",

@@ -116,7 +116,7 @@ def test_truncation_cuts_the_document_to_fit(dirs) -> None:
 
 def test_a_plan_naming_code_instead_of_a_kind_is_refused(dirs) -> None:
     inp, out = dirs
-    expected = "^unknown job kind 'os:system': expected one of summarize, evaluate, extract, generate, harness_requests, openai_batch, perplexity$"
+    expected = "^unknown job kind 'os:system': expected one of summarize, embed, evaluate, extract, generate, harness_requests, openai_batch, perplexity$"
     with pytest.raises(ValueError, match=expected):
         make_plan(str(inp), str(out), MODEL, kind="os:system")
     data = {**make_plan(str(inp), str(out), MODEL).to_dict(), "kind": "os:system"}
