@@ -1,0 +1,80 @@
+"""The CPU products of quantized linears.
+
+``Int8Linear`` (W8A8): each row of the input is quantized to int8 with its own scale
+(``absmax / 127``, symmetric, as compressed-tensors' dynamic per-token scheme), multiplied by the
+int8 weight with int32 accumulation (``torch._int_mm``: oneDNN's s8 x s8 GEMM, VNNI ``vpdpbusd``
+on AVX-512 VNNI and AVX-VNNI CPUs, its AVX2 kernels elsewhere), and the int32 sums are scaled by
+``x_scale[m] * w_scale[n]`` in float32. The sums are exact, so the result equals the float
+product of the fake-quantized input and the dequantised weight up to float rounding.
+
+``Int4Linear`` (W4A16): the weight stays 4-bit in torch's CPU int4 layout
+(``_convert_weight_to_int4pack_for_cpu``), group-wise float32 scales and zero points, and
+``_weight_int4pack_mm_for_cpu`` dequantises each block in registers as it multiplies (float32
+inputs, so scales keep their float32 precision; a bfloat16 model's rows are widened first).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.quant.checkpoint import QuantWeight
+
+INT8_MAX = 127.0
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(int8 rows, float32 [rows, 1] scales)``: symmetric, one scale per row (token)."""
+    x32 = x.float()
+    scale = x32.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(INT8_MAX)
+    return torch.round(x32 / scale).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8), scale
+
+
+class Int8Linear(nn.Module):
+    """int8 weight per output channel x int8 input per row, int32 sums."""
+
+    def __init__(self, qw: QuantWeight, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        if qw.zero is not None or qw.group_size != qw.values.shape[1]:
+            raise ValueError("Int8Linear takes symmetric per-channel int8 weights")
+        self.out_features, self.in_features = qw.values.shape
+        self.register_buffer("weight_t", qw.values.t().contiguous())  # [in, out]: _int_mm's B
+        self.register_buffer("weight_scale", qw.scale.reshape(1, -1).float().contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xq, x_scale = quantize_rows(x)
+        acc = torch._int_mm(xq, self.weight_t)
+        out = acc.float().mul_(x_scale).mul_(self.weight_scale)
+        if self.bias is not None:
+            out.add_(self.bias)
+        return out.to(x.dtype)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return self.weight_t.t().float() * self.weight_scale.t()
+
+
+class Int4Linear(nn.Module):
+    """4-bit weight per group (scales and zero points in float32), float inputs."""
+
+    def __init__(self, qw: QuantWeight, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        out, cols = qw.values.shape
+        self.out_features, self.in_features, self.group_size = out, cols, qw.group_size
+        unsigned = (qw.values.int() + 8).contiguous()  # torch's int4 layout: w = (u - 8) * scale + zero
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, 1))
+        zero = torch.zeros_like(qw.scale) if qw.zero is None else -qw.zero.float() * qw.scale  # (q - zp) * s
+        self.register_buffer("scales_and_zeros", torch.stack([qw.scale.float().t(), zero.t()], dim=-1).contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.float(), self.packed, self.group_size,
+                                                         self.scales_and_zeros)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.to(x.dtype)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        eye = torch.eye(self.in_features)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size,
+                                                          self.scales_and_zeros).t().contiguous()
