@@ -63,8 +63,11 @@ def swap_linears(model: nn.Module, scheme: QuantScheme, found: dict[tuple[str, i
         rows = sum(qw.values.shape[0] for _, qw in parts)
         if rows != module.weight.shape[0] or module.weight.shape[1] != parts[0][1].values.shape[1]:
             continue  # partly quantized (or a tied weight): stays float
+        try:
+            quantized = cls(QuantWeight.cat([qw for _, qw in parts]), module.bias)
+        except ValueError:  # a shape the product does not take (Int4Linear: rows in blocks of 64): stays float
+            continue
         parent, _, child = mname.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child,
-                cls(QuantWeight.cat([qw for _, qw in parts]), module.bias))
+        setattr(model.get_submodule(parent) if parent else model, child, quantized)
         swapped += 1
     return swapped

@@ -72,23 +72,55 @@ def test_int8_product_equals_the_dequantised_reference():
 
 @pytest.mark.parametrize("zero", [False, True])
 def test_int4_product_equals_the_dequantised_reference(zero):
+    """Both paths multiply the bfloat16-rounded input by ``dequantized_weight()`` (the weight with
+    its scales and zeros in bfloat16, checked here against the values); the kernel path (few rows)
+    rounds its output to bfloat16 as well."""
     torch.manual_seed(1)
-    values = torch.randint(-8, 8, (96, 128), dtype=torch.int8)
-    zp = torch.randint(-8, 8, (96, 4), dtype=torch.int8) if zero else None
-    qw = QuantWeight(values, torch.rand(96, 4) * 0.1, zp, 32)
-    layer = Int4Linear(qw, None)
+    values = torch.randint(-8, 8, (128, 128), dtype=torch.int8)
+    scale = torch.rand(128, 4) * 0.1
+    zp = torch.randint(-8, 8, (128, 4), dtype=torch.int8) if zero else None
+    layer = Int4Linear(QuantWeight(values, scale, zp, 32), None)
+    zero_f = torch.zeros_like(scale) if zp is None else -zp.float() * scale
+    weight = (values.float().unflatten(1, (-1, 32)) * scale.bfloat16().float().unsqueeze(-1)
+              + zero_f.bfloat16().float().unsqueeze(-1)).flatten(1)
+    torch.testing.assert_close(layer.dequantized_weight(), weight, rtol=0, atol=0)
     for rows in (1, 5, 40):
         x = torch.randn(rows, 128)
-        torch.testing.assert_close(layer.forward(x), x @ qw.dequantize().t(), rtol=1e-5, atol=1e-4)
-    xb = torch.randn(4, 128).bfloat16()
-    assert layer.forward(xb).dtype == torch.bfloat16
+        ref = x.bfloat16().float() @ weight.t()
+        if rows <= Int4Linear.KERNEL_MAX_ROWS:
+            ref = ref.bfloat16().float()
+        torch.testing.assert_close(layer.forward(x), ref, rtol=1e-2 if rows <= 16 else 1e-5, atol=1e-4)
+    assert layer.forward(torch.randn(4, 128).bfloat16()).dtype == torch.bfloat16
 
 
-def test_weight_only_int4_tokens_equal_the_dequantised_model(quant_dirs):
-    kind = "int4-asym"  # zero points too; the symmetric decoding is checked against the package above
-    what, quantized = greedy(quant_dirs[kind], "auto")
+def test_weight_only_int4_tokens_equal_the_dequantised_model(quant_dirs, monkeypatch):
+    """The reference: the dequantised model given the weights the int4 products use (bfloat16
+    scales), each linear's input rounded to bfloat16 and, at few rows, its output too."""
+    folder = quant_dirs["int4-asym"]  # zero points too; the symmetric decoding is checked above
+    what, quantized = greedy(folder, "auto")
     assert what.startswith("int4 W4A16")
-    none, reference = greedy(quant_dirs[kind], "none")
+    auto = LLM(str(folder), num_kv_blocks=16).engine.runner.model
+    weights = {n: m.dequantized_weight() for n, m in auto.named_modules() if isinstance(m, Int4Linear)}
+    assert len(weights) == 8  # qkv, o, gate_up, down in each of 2 layers
+    plain, built = Linear.forward, LLM.__init__
+
+    def with_int4_weights(self, *args, **kwargs):
+        built(self, *args, **kwargs)
+        model = self.engine.runner.model
+        for name, weight in weights.items():
+            module = model.get_submodule(name)
+            module.weight.data.copy_(weight)
+            module.pack()
+
+    def rounded(self, x):
+        if self.out_features == VOCAB:
+            return plain(self, x)
+        out = plain(self, x.bfloat16().float())
+        return out.bfloat16().float() if x.shape[0] <= Int4Linear.KERNEL_MAX_ROWS else out
+
+    monkeypatch.setattr(LLM, "__init__", with_int4_weights)
+    monkeypatch.setattr(Linear, "forward", rounded)
+    none, reference = greedy(folder, "none")
     assert none == "pack-quantized dequantised to torch.float32"
     assert quantized == reference
 
