@@ -2,10 +2,16 @@
 
 ``Int8Linear`` (W8A8): each row of the input is quantized to int8 with its own scale
 (``absmax / 127``, symmetric, as compressed-tensors' dynamic per-token scheme), multiplied by the
-int8 weight with int32 accumulation (``torch._int_mm``: oneDNN's s8 x s8 GEMM, VNNI ``vpdpbusd``
-on AVX-512 VNNI and AVX-VNNI CPUs, its AVX2 kernels elsewhere), and the int32 sums are scaled by
-``x_scale[m] * w_scale[n]`` in float32. The sums are exact, so the result equals the float
-product of the fake-quantized input and the dequantised weight up to float rounding.
+int8 weight with int32 accumulation (``torch._int_mm``: oneDNN's s8 x s8 GEMM, ``vpdpbusd`` on
+AVX-512 VNNI and AVX-VNNI CPUs), and the int32 sums are scaled by ``x_scale[m] * w_scale[n]`` in
+float32. The sums are exact, so the result equals the float product of the rounded input and
+the dequantised weight up to float rounding.
+
+Without VNNI the int8 GEMM is not used: with oneDNN capped to AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2``,
+its ``vpmaddubsw`` kernels) ``torch._int_mm`` returned wrong sums for 99.99% of a random
+64x576x1536 product (off by up to 117,284 of 592,186). There the rounded input (same rounding)
+is multiplied in float by the int8 weight, dequantised per channel inside
+``_weight_int8pack_mm``: the same result up to float rounding, at int8 weight bytes.
 
 ``Int4Linear`` (W4A16): the weight stays 4-bit in torch's CPU int4 layout
 (``_convert_weight_to_int4pack_for_cpu``), group-wise float32 scales and zero points, and
@@ -15,9 +21,13 @@ inputs, so scales keep their float32 precision; a bfloat16 model's rows are wide
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 from torch import nn
 
+from engine.host import cpu_flags
 from engine.quant.checkpoint import QuantWeight
 
 INT8_MAX = 127.0
@@ -30,28 +40,45 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(x32 / scale).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8), scale
 
 
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+AVX2_CAPS = ("SSE41", "AVX", "AVX2")  # ONEDNN_MAX_CPU_ISA values that keep oneDNN off VNNI
+
+
+@functools.cache
+def exact_int8_gemm() -> bool:
+    """Whether ``torch._int_mm`` runs on int8 dot-product instructions here (and so is exact)."""
+    flags = cpu_flags()
+    capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in AVX2_CAPS
+    return any(f in flags for f in VNNI_FLAGS) and not capped
+
+
 class Int8Linear(nn.Module):
-    """int8 weight per output channel x int8 input per row, int32 sums."""
+    """int8 weight per output channel x int8 input per row, int32 sums (float sums without VNNI)."""
 
     def __init__(self, qw: QuantWeight, bias: torch.Tensor | None) -> None:
         super().__init__()
         if qw.zero is not None or qw.group_size != qw.values.shape[1]:
             raise ValueError("Int8Linear takes symmetric per-channel int8 weights")
         self.out_features, self.in_features = qw.values.shape
-        self.register_buffer("weight_t", qw.values.t().contiguous())  # [in, out]: _int_mm's B
+        self.int_gemm = exact_int8_gemm()
+        # [in, out] for _int_mm's B; [out, in] for _weight_int8pack_mm
+        self.register_buffer("weight", qw.values.t().contiguous() if self.int_gemm else qw.values.contiguous())
         self.register_buffer("weight_scale", qw.scale.reshape(1, -1).float().contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xq, x_scale = quantize_rows(x)
-        acc = torch._int_mm(xq, self.weight_t)
-        out = acc.float().mul_(x_scale).mul_(self.weight_scale)
+        if self.int_gemm:
+            out = torch._int_mm(xq, self.weight).float().mul_(x_scale).mul_(self.weight_scale)
+        else:
+            out = torch.ops.aten._weight_int8pack_mm(xq.float() * x_scale, self.weight, self.weight_scale[0])
         if self.bias is not None:
             out.add_(self.bias)
         return out.to(x.dtype)
 
     def dequantized_weight(self) -> torch.Tensor:
-        return self.weight_t.t().float() * self.weight_scale.t()
+        values = self.weight.t() if self.int_gemm else self.weight
+        return values.float() * self.weight_scale.t()
 
 
 class Int4Linear(nn.Module):

@@ -59,10 +59,18 @@ def test_decoded_weights_equal_the_packages_decompression(kind, quant_dirs):
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
-def test_int8_product_equals_the_dequantised_reference():
+@pytest.mark.parametrize("vnni", [True, False])
+def test_int8_product_equals_the_dequantised_reference(vnni, monkeypatch):
+    """Both paths: int32 sums through torch._int_mm (VNNI), float sums of the same rounded input
+    through _weight_int8pack_mm (the AVX2 answer, forced here)."""
+    import engine.quant.linear as quant_linear
+
+    monkeypatch.setattr(quant_linear, "exact_int8_gemm", lambda: vnni)
     torch.manual_seed(0)
     qw = QuantWeight(torch.randint(-127, 128, (96, 128), dtype=torch.int8), torch.rand(96, 1) * 0.01, None, 128)
     layer = Int8Linear(qw, torch.randn(96))
+    assert layer.int_gemm is vnni
+    torch.testing.assert_close(layer.dequantized_weight(), qw.dequantize(), rtol=0, atol=0)
     for rows in (1, 3, 40):
         x = torch.randn(rows, 128) * 3
         xq, scale = quantize_rows(x)
