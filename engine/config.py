@@ -15,12 +15,14 @@ if TYPE_CHECKING:
     import torch
 
 DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names
+QUANTIZATIONS = ("auto", "none")  # auto: a quantized checkpoint runs quantized (CPU); none: dequantised to dtype
 
 
 @dataclass
 class EngineConfig:
     model: str = DEFAULT_MODEL
-    dtype: str = "float32"
+    dtype: str = "float32"  # activations, and the weights of a float checkpoint
+    quantization: str = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     attention_backend: str = "auto"  # auto | torch | triton
     block_size: int = 16
@@ -53,6 +55,8 @@ class EngineConfig:
             self.dtype = "float32"
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {self.quantization!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

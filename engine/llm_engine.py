@@ -58,7 +58,8 @@ class LLMEngine:
         self.max_model_len = min(
             config.max_model_len or hf_config.max_position_embeddings, hf_config.max_position_embeddings
         )
-        model = load_model(self.model_dir, config.torch_dtype, device, self.max_model_len)
+        model = load_model(self.model_dir, config.torch_dtype, device, self.max_model_len, config.quantization)
+        self.quantization = model.quantization  # what runs: "none", or the quantized format
         self.tokenizer = load_tokenizer(self.model_dir)
         self.eos_token_ids = eos_token_ids(self.model_dir, self.tokenizer)
         features = choose_features(device, config.attention_backend, config.enforce_eager, config.num_kv_blocks,

@@ -10,10 +10,13 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
+from engine.config import QUANTIZATIONS
 from engine.models.decoder import CausalLM
 from engine.models.layers import RotaryEmbedding
 from engine.models.linear import pack_linears
 from engine.models.registry import model_class
+from engine.quant.apply import QuantCollector, swap_linears
+from engine.quant.scheme import checkpoint_scheme
 
 
 def load_config(model_dir: Path):
@@ -46,8 +49,14 @@ def _mismatch_message(model_dir: Path, missing: list[str], unexpected: list[str]
     return "\n".join(lines)
 
 
-def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: int) -> CausalLM:
+def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: int,
+               quantization: str = "auto") -> CausalLM:
+    """The model with its weights; a quantized checkpoint (``engine/quant/scheme.py`` says which)
+    runs quantized on the CPU unless ``quantization`` is ``"none"`` (dequantised to ``dtype``)."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
     config = load_config(model_dir)
+    scheme = checkpoint_scheme(config)
     cls = model_class(config, model_dir)
     files = _weight_files(model_dir)
     names = set()
@@ -66,29 +75,45 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: 
     loaded: set[str] = set()
     unexpected: list[str] = []
     wrong_shape: list[str] = []
+    collector = None if scheme is None else QuantCollector(scheme, names)
+    found: dict = {}  # (parameter, first row) -> QuantWeight, for swap_linears
+
+    def place(hf_name: str, tensor: torch.Tensor, where: str):
+        key = hf_name if hf_name in layout else f"model.{hf_name}"  # a name without the prefix, as before
+        entry = layout.get(key)
+        if entry is None:
+            unexpected.append(f"{hf_name} ({where})")
+            return None
+        pname, index = entry
+        target = params[pname].data[index] if index else params[pname].data
+        loaded.add(key)  # a misshapen tensor is reported as such rather than as missing
+        if tuple(tensor.shape) != tuple(target.shape):  # copy_ would broadcast it silently
+            wrong_shape.append(f"{hf_name} {list(tensor.shape)} (expected {list(target.shape)})")
+            return None
+        with torch.no_grad():
+            target.copy_(tensor)
+        return pname, (index[0].start or 0) if index else 0
+
     for f in files:
         with safe_open(str(f), framework="pt") as sf:
             for hf_name in sf.keys():
                 if "rotary_emb" in hf_name:
                     continue
-                key = hf_name if hf_name in layout else f"model.{hf_name}"  # a name without the prefix, as before
-                entry = layout.get(key)
-                if entry is None:
-                    unexpected.append(f"{hf_name} ({f.name})")
+                if collector is not None and collector.take(hf_name, lambda n=hf_name: sf.get_tensor(n)):
                     continue
-                pname, index = entry
-                target = params[pname].data[index] if index else params[pname].data
-                tensor = sf.get_tensor(hf_name)
-                loaded.add(key)  # a misshapen tensor is reported as such rather than as missing
-                if tuple(tensor.shape) != tuple(target.shape):  # copy_ would broadcast it silently
-                    wrong_shape.append(f"{hf_name} {list(tensor.shape)} (expected {list(target.shape)})")
-                    continue
-                with torch.no_grad():
-                    target.copy_(tensor)
+                place(hf_name, sf.get_tensor(hf_name), f.name)
+    for hf_name, weight, qw in collector.weights() if collector is not None else ():
+        spot = place(hf_name, weight, "dequantised")
+        if spot is not None and qw is not None:
+            found[spot] = qw
     missing = sorted(set(layout) - loaded)
     if missing or unexpected or wrong_shape:
         raise ValueError(_mismatch_message(model_dir, missing, unexpected, wrong_shape))
     model = model.to(device=device, dtype=dtype).eval()
+    model.quantization = "none"
+    if scheme is not None:
+        runs_quantized = quantization == "auto" and device == "cpu" and swap_linears(model, scheme, found) > 0
+        model.quantization = scheme.describe() if runs_quantized else f"{scheme.checkpoint_format} dequantised to {dtype}"
     if device == "cpu" and os.environ.get("TOKENMILL_PACK_WEIGHTS", "1") != "0":
         pack_linears(model)  # oneDNN layout, once (engine/models/linear.py)
     return model

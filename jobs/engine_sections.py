@@ -26,6 +26,7 @@ PER_REQUEST_SAMPLING = frozenset({"logprobs", "prompt_logprobs", "prompt_logprob
 # Where the engine takes any string, the spec names the choices.
 ENGINE_CHOICES: dict[str, Any] = {
     "dtype": Literal["float32", "bfloat16", "float16", "auto"],
+    "quantization": Literal["auto", "none"],
     "attention_backend": Literal["auto", "torch", "triton"],
     "scheduling": Literal["continuous", "static"],
     "kv_allocation": Literal["paged", "contiguous"],

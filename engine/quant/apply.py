@@ -1,0 +1,73 @@
+"""A quantized checkpoint through the loader: its quantized linears' tensors collected while the
+loader reads the files, decoded, and (on the CPU) the model's Linears swapped for the quantized
+products of ``linear.py``.
+
+The loader first fills every float parameter with the dequantised weight (``QuantWeight.dequantize``),
+so the name checks stay the loader's and ``quantization = "none"`` is that model as it stands;
+``swap_linears`` then replaces each Linear whose every shard (q/k/v, gate/up) is quantized, and the
+float weight is dropped with the module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+from engine.quant.checkpoint import QUANT_SUFFIXES, QuantWeight, decode
+from engine.quant.linear import Int4Linear, Int8Linear
+from engine.quant.scheme import QuantScheme, WeightFormat
+
+
+class QuantCollector:
+    """Gathers each quantized linear's tensors as the loader walks the checkpoint."""
+
+    def __init__(self, scheme: QuantScheme, names: set[str]) -> None:
+        self.scheme = scheme
+        self.quantized = {n.rpartition(".")[0] for n in names if n.endswith(".weight_scale")}
+        self.parts: dict[str, dict[str, torch.Tensor]] = {}
+
+    def take(self, hf_name: str, get: Callable[[], torch.Tensor]) -> bool:
+        """Keep ``hf_name`` if it belongs to a quantized linear (True), else leave it to the loader."""
+        prefix, _, suffix = hf_name.rpartition(".")
+        if prefix not in self.quantized or (suffix != "weight" and suffix not in QUANT_SUFFIXES):
+            return False
+        self.parts.setdefault(prefix, {})[suffix] = get()
+        return True
+
+    def weights(self) -> Iterator[tuple[str, torch.Tensor, QuantWeight | None]]:
+        """``(HF weight name, float32 weight, QuantWeight or None for FP8)`` per quantized linear."""
+        for prefix, tensors in self.parts.items():
+            decoded = decode(tensors, self.scheme, prefix)
+            if isinstance(decoded, QuantWeight):
+                yield f"{prefix}.weight", decoded.dequantize(), decoded
+            else:
+                yield f"{prefix}.weight", decoded, None
+
+
+def swap_linears(model: nn.Module, scheme: QuantScheme, found: dict[tuple[str, int], QuantWeight]) -> int:
+    """Replace each Linear whose weight rows are all covered by ``found`` ((parameter name, first
+    row) -> QuantWeight) with the quantized product; returns how many were replaced."""
+    cls = {WeightFormat.INT8: Int8Linear, WeightFormat.INT4: Int4Linear}.get(scheme.format)
+    if cls is None:
+        return 0
+    by_param: dict[str, list[tuple[int, QuantWeight]]] = {}
+    for (pname, start), qw in found.items():
+        by_param.setdefault(pname, []).append((start, qw))
+    swapped = 0
+    for pname, parts in by_param.items():
+        mname = pname.rpartition(".")[0]
+        module = model.get_submodule(mname)
+        parts.sort(key=lambda p: p[0])
+        rows = sum(qw.values.shape[0] for _, qw in parts)
+        if rows != module.weight.shape[0] or module.weight.shape[1] != parts[0][1].values.shape[1]:
+            continue  # partly quantized (or a tied weight): stays float
+        try:
+            quantized = cls(QuantWeight.cat([qw for _, qw in parts]), module.bias)
+        except ValueError:  # a shape the product does not take (Int4Linear: rows in blocks of 64): stays float
+            continue
+        parent, _, child = mname.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, quantized)
+        swapped += 1
+    return swapped

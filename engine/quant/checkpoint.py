@@ -1,0 +1,71 @@
+"""A compressed-tensors linear's checkpoint tensors decoded into integer values and scales.
+
+The 4-bit values and zero points are unpacked with compressed-tensors' own ``unpack_from_int32``
+(the package ``llm-compressor`` writes them with), so the bit order is theirs by construction.
+``QuantWeight.dequantize`` is the float reference every quantized product is tested against and
+what ``quantization = "none"`` (and FP8 on the CPU) loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.quant.scheme import QuantScheme, WeightFormat
+
+# the tensors a quantized linear stores beside (or instead of) ``weight``
+QUANT_SUFFIXES = ("weight_packed", "weight_shape", "weight_scale", "weight_zero_point", "weight_global_scale",
+                  "input_scale", "input_zero_point", "input_global_scale")
+
+
+@dataclass
+class QuantWeight:
+    """``weight[o, i] = (values[o, i] - zero[o, i // group]) * scale[o, i // group]``."""
+
+    values: torch.Tensor  # int8 [out, in]: int8 values, or 4-bit ones in [-8, 7]
+    scale: torch.Tensor  # float32 [out, groups]
+    zero: torch.Tensor | None  # int8 [out, groups] (4-bit asymmetric), else None
+    group_size: int  # columns per scale (``in`` for per-channel scales)
+
+    def dequantize(self) -> torch.Tensor:
+        q = self.values.float().unflatten(1, (-1, self.group_size))
+        if self.zero is not None:
+            q = q - self.zero.float().unsqueeze(-1)
+        return (q * self.scale.unsqueeze(-1)).flatten(1)
+
+    @staticmethod
+    def cat(parts: list[QuantWeight]) -> QuantWeight:
+        """Several checkpoint linears stacked along the output (q/k/v, gate/up) as one."""
+        if len(parts) == 1:
+            return parts[0]
+        if len({p.group_size for p in parts}) != 1:
+            raise ValueError("stacked quantized linears have different group sizes")
+        zeros = [p.zero for p in parts]
+        zero = None if zeros[0] is None else torch.cat(zeros)
+        return QuantWeight(torch.cat([p.values for p in parts]), torch.cat([p.scale for p in parts]), zero,
+                           parts[0].group_size)
+
+
+def decode(tensors: dict[str, torch.Tensor], scheme: QuantScheme, name: str) -> QuantWeight | torch.Tensor:
+    """One linear's tensors (by suffix) -> a ``QuantWeight``, or for FP8 the float32 weight."""
+    scale = tensors["weight_scale"].float()
+    if scheme.format == WeightFormat.FP8:
+        weight = tensors["weight"].float()
+        return weight * (scale if scale.dim() == 2 else scale.reshape(-1, 1) if scale.numel() > 1 else scale.reshape(()))
+    if scheme.format == WeightFormat.INT8:
+        values = tensors["weight"]
+        if values.dtype != torch.int8:
+            raise ValueError(f"{name}.weight is {values.dtype}, expected int8 in an int-quantized checkpoint")
+        return QuantWeight(values, scale.reshape(values.shape[0], 1), None, values.shape[1])
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
+    shape = torch.Size(int(d) for d in tensors["weight_shape"].tolist())
+    values = unpack_from_int32(tensors["weight_packed"], 4, shape).to(torch.int8)
+    group = scheme.group_size or shape[1]
+    if shape[1] % group or scale.shape != (shape[0], shape[1] // group):
+        raise ValueError(f"{name}: scales {list(scale.shape)} do not fit {list(shape)} in groups of {group}")
+    zero = None
+    if not scheme.symmetric:
+        zero = unpack_from_int32(tensors["weight_zero_point"], 4, torch.Size(scale.shape), packed_dim=0).to(torch.int8)
+    return QuantWeight(values, scale, zero, group)
