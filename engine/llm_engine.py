@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from engine.attention import get_backend
+from engine.beam_requests import BeamRequest, BeamRequests
 from engine.block_manager import BlockManager
 from engine.chat import chat_token_ids
 from engine.config import EngineConfig
@@ -26,6 +27,7 @@ from engine.pooling_config import model_pooling
 from engine.request_feed import Request, RequestFeed
 from engine.request_intake import RequestError, RequestIntake, sampling_params
 from engine.request_state import RequestState
+from engine.sample_forks import SampleForks
 from engine.sampling_params import SamplingParams
 from engine.scheduled_batch import ScheduledBatch
 from engine.scheduler import Scheduler
@@ -85,6 +87,9 @@ class LLMEngine:
             config.seed, hf_config.hidden_size, model_pooling(self.model_dir),
         )
         self.requests: dict[str, RequestState] = {}
+        self._fork = SampleForks(self.scheduler, self.intake, self.stats_tracker, self.runner.copy_blocks, self.requests)
+        self.beams = BeamRequests(self.scheduler, self.intake, frozenset(self.eos_token_ids), self.runner.copy_blocks,
+                                  self.stats_tracker.on_fork)
         self.async_scheduling = config.async_scheduling if config.async_scheduling is not None else device != "cpu"
         self._in_flight: InFlightStep | None = None  # the launched step whose tokens are not back yet
         # requests whose steps need the host per token (grammar, logprobs, forks); while there are
@@ -125,8 +130,10 @@ class LLMEngine:
         params = sampling_params(request_id, params)
         state = self.intake.new_request(request_id, token_ids, params)
         self.requests[request_id] = state
-        if params.structured_output is not None or params.logprobs is not None or params.n > 1:
+        if params.structured_output is not None or params.logprobs is not None or params.n > 1 or params.beam_width:
             self._host_bound.add(request_id)
+        if params.beam_width is not None:
+            self.beams.add(state)
         self.scheduler.add(state.seqs[0])
 
     def feed_requests(
@@ -162,6 +169,7 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         state = self.requests.pop(request_id, None)
         self._host_bound.discard(request_id)
+        self.beams.discard(request_id)
         if state is not None:
             for seq in state.seqs:
                 if not seq.is_finished:
@@ -209,7 +217,7 @@ class LLMEngine:
         """One scheduler step and one forward pass; returns the requests it finished."""
         if self.async_scheduling:
             return self._step_overlapped()
-        batch = self.scheduler.schedule()
+        batch = self._schedule()
         self.stats_tracker.on_schedule(batch, self.scheduler)
         finished: list[RequestOutput] = []
         if batch:
@@ -232,6 +240,14 @@ class LLMEngine:
         seqs, logits = step.sample_seqs, step.logits
         if self._host_bound:  # no request forks while the set is empty
             seqs, logits = self._fork(seqs, logits)
+            if self.beams.requests:
+                before = len(seqs)
+                seqs, logits, ended = self.beams.step(seqs, logits)
+                self.stats_tracker.decode_tokens += before - len(seqs)
+                for request in ended:
+                    self._end_beam_search(request, finished)
+                if not seqs:
+                    return
         self._apply(dict(zip(seqs, self._sample(seqs, logits), strict=True)), finished)
 
     def _apply(self, sampled: dict[Sequence, int], finished: list[RequestOutput]) -> None:
@@ -252,6 +268,21 @@ class LLMEngine:
         state.embedding, state.num_finished = vector, 1
         finished.append(self.output_processor.build(state))
 
+    def _end_beam_search(self, request: BeamRequest, finished: list[RequestOutput]) -> None:
+        rid = request.state.request_id
+        metrics = request.metrics(self.scheduler.step_count)
+        finished.append(self.output_processor.build_beams(request.state, request.group.finished, metrics))
+        del self.requests[rid]
+        self._host_bound.discard(rid)
+
+    def _schedule(self) -> ScheduledBatch:
+        """The scheduler's next step; if it finds nothing to run while beams that wait for their
+        siblings hold blocks, they give them up and it schedules again (``BeamRequests.park_idle``)."""
+        batch = self.scheduler.schedule()
+        if not batch and self._in_flight is None and self.beams.requests and self.beams.park_idle():
+            batch = self.scheduler.schedule()
+        return batch
+
     # ---- async scheduling -----------------------------------------------------------
     def _step_overlapped(self) -> list[RequestOutput]:
         """Schedule step t+1 and launch it while step t is still on the device.
@@ -263,7 +294,7 @@ class LLMEngine:
         whose token is dropped. A step that needs host state per token (grammars, logprobs,
         prompt logprobs, forks) or a fault hook runs synchronously after step t is applied."""
         finished: list[RequestOutput] = []
-        batch = self.scheduler.schedule()
+        batch = self._schedule()
         self.stats_tracker.on_schedule(batch, self.scheduler)
         previous, self._in_flight = self._in_flight, None
         launched = None
@@ -289,7 +320,8 @@ class LLMEngine:
         if self.fault_injector is not None or batch.wants_prompt_logits or batch.wants_hidden:
             return False
         return not self._host_bound or all(
-            seq.matcher is None and seq.logprobs is None and not seq.pending_forks for seq in batch.seqs
+            seq.matcher is None and seq.logprobs is None and not seq.pending_forks
+            and seq.request_id not in self.beams.requests for seq in batch.seqs
         )
 
     def _collect(self, step: InFlightStep, finished: list[RequestOutput]) -> None:
@@ -325,28 +357,6 @@ class LLMEngine:
                 seqs[i].cumulative_logprob += entry[token].logprob
         return tokens
 
-    def _fork(self, sample_seqs: list[Sequence], logits: torch.Tensor) -> tuple[list[Sequence], torch.Tensor]:
-        """After a request's prompt is computed, create its other ``n - 1`` samples: they share
-        its full KV blocks, get a copy of its partial block, and sample from the same logits."""
-        seqs, rows, copies = list(sample_seqs), list(range(len(sample_seqs))), []
-        for row, parent in enumerate(sample_seqs):
-            if not parent.pending_forks:
-                continue
-            state = self.requests[parent.request_id]
-            for index in range(1, parent.pending_forks + 1):
-                child = self.intake.new_sequence(state, index)
-                pair = self.scheduler.fork(parent, child)
-                if pair is not None:
-                    copies.append(pair)
-                self.stats_tracker.on_fork(parent.num_computed_tokens // self.block_manager.block_size, pair)
-                seqs.append(child)
-                rows.append(row)
-            parent.pending_forks = 0
-        if len(seqs) == len(sample_seqs):
-            return seqs, logits
-        self.runner.copy_blocks(copies)
-        return seqs, logits[rows]
-
     def _run(self, batch: ScheduledBatch) -> StepLogits:
         if self.fault_injector is not None:
             self.fault_injector(batch.seqs)
@@ -356,6 +366,7 @@ class LLMEngine:
         """Fail the whole request (all its samples) with the error."""
         state = self.requests.pop(seq.request_id)
         self._host_bound.discard(seq.request_id)
+        self.beams.discard(seq.request_id)
         state.error = f"request {seq.request_id}: engine step failed: {type(error).__name__}: {error}"
         for s in state.seqs:
             if not s.is_finished:

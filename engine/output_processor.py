@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from engine.beam_search import Hypothesis
 from engine.detokenizer import IncrementalDetokenizer
 from engine.logprobs import decode_entries
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -28,15 +29,29 @@ class OutputProcessor:
             return None
         return self.detokenizer.find_stop(seq, seq.params.stop)
 
+    def _text(self, token_ids: list[int]) -> str:
+        return self.detokenizer.decode(token_ids) if self.detokenizer is not None else ""
+
+    def build_beams(self, state: RequestState, hypotheses: list[Hypothesis], metrics: RequestMetrics) -> RequestOutput:
+        """The output of a finished beam search: its ``n`` best hypotheses, best first."""
+        completions = [
+            CompletionOutput(i, h.token_ids, self._text(h.token_ids), h.finish_reason, None, h.sum_logprobs, h.score)
+            for i, h in enumerate(hypotheses[: state.params.n])
+        ]
+        if state.prompt_logprobs is not None and self._decode_token is not None:
+            decode_entries(state.prompt_logprobs, self._decode_token)
+        return RequestOutput.from_completions(
+            state.request_id, list(state.prompt_token_ids), completions, error=state.error, metrics=metrics,
+            prompt_logprobs=state.prompt_logprobs,
+        )
+
     def build(self, state: RequestState) -> RequestOutput:
         """The output of a finished (or failed) request."""
         completions = []
         for seq in sorted(state.seqs, key=lambda s: s.sample_index):
-            text = ""
-            if self.detokenizer is not None:
-                text = self.detokenizer.decode(seq.output_token_ids)
-                if seq.stop_text_end is not None:
-                    text = text[: seq.stop_text_end]
+            text = self._text(seq.output_token_ids)
+            if seq.stop_text_end is not None:
+                text = text[: seq.stop_text_end]
             if seq.logprobs is not None and self._decode_token is not None:
                 decode_entries(seq.logprobs, self._decode_token)
             completions.append(

@@ -42,6 +42,8 @@ class CompletionOutput:
     finish_reason: str | None = None  # "stop" | "length" | "error" | "abort"
     logprobs: list[PositionLogprobs] | None = None  # one entry per generated token
     cumulative_logprob: float | None = None  # sum of the sampled tokens' logprobs
+    # beam search only: cumulative_logprob / len(token_ids) ** length_penalty, what ranks the beams
+    score: float | None = None
 
 
 @dataclass

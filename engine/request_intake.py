@@ -111,7 +111,7 @@ class RequestIntake:
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = [None] * len(token_ids)
         seq = self.new_sequence(state, 0)
-        seq.pending_forks = params.n - 1
+        seq.pending_forks = params.n - 1 if params.beam_width is None else 0  # beams fork as they search
         return state
 
     def new_sequence(self, state: RequestState, index: int) -> Sequence:

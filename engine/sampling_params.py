@@ -40,6 +40,11 @@ class SamplingParams:
     # still serve the tokens before it. Log-likelihood scoring sets it to the context length.
     prompt_logprobs_start: int = 1
     structured_output: StructuredOutput | None = None
+    # Beam search (engine/beam_search.py): keep this many beams; ``n`` of the best finished ones
+    # come back, best first. Deterministic: temperature, top-k, top-p and seed do not apply.
+    beam_width: int | None = None
+    length_penalty: float = 1.0  # a finished beam scores sum of logprobs / (output tokens ** this)
+    early_stopping: bool | str = False  # True, False or "never", as HF transformers reads them
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -86,10 +91,28 @@ class SamplingParams:
         start = self.prompt_logprobs_start
         if isinstance(start, bool) or not isinstance(start, int) or start < 1:
             raise ValueError(f"prompt_logprobs_start must be an integer >= 1, got {start!r}")
+        if self.beam_width is not None:
+            self._validate_beams()
         if self.structured_output is not None:
             if not isinstance(self.structured_output, StructuredOutput):
                 raise ValueError(f"structured_output must be a StructuredOutput or a dict, got {self.structured_output!r}")
             self.structured_output.validate()
+
+    def _validate_beams(self) -> None:
+        k = self.beam_width
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_N:
+            raise ValueError(f"beam_width must be None or an integer from 1 to {MAX_N}, got {k!r}")
+        if self.n > k:
+            raise ValueError(f"n must be at most beam_width ({k}) with beam search, got {self.n}")
+        lp = self.length_penalty
+        if isinstance(lp, bool) or not isinstance(lp, int | float) or lp != lp or abs(lp) == float("inf"):
+            raise ValueError(f"length_penalty must be a finite number, got {lp!r}")
+        if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
+            raise ValueError(f"early_stopping must be true, false or \"never\", got {self.early_stopping!r}")
+        for name, given in (("stop", bool(self.stop)), ("logprobs", self.logprobs is not None),
+                            ("structured_output", self.structured_output is not None)):
+            if given:
+                raise ValueError(f"beam search does not take {name}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingParams:

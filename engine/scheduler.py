@@ -234,6 +234,27 @@ class Scheduler:
             self._cohort_slots += 1
         self.waiting.appendleft(seq)
 
+    def park(self, seq: Sequence) -> None:
+        """Take a sequence out of both queues, its KV freed and its tokens kept: beam search parks
+        a beam whose next-token candidates are known while its siblings catch up, so that idle
+        beams never hold the blocks a sibling needs. ``requeue`` brings it back."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            seq.num_preemptions += 1
+            self.num_preemptions += 1
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.PREEMPTED
+
+    def requeue(self, seq: Sequence) -> None:
+        """Queue a sequence with no KV at the front, as a preempted one (a parked beam, or one
+        forked from it)."""
+        self.stop.attach(seq)
+        seq.status = SequenceStatus.PREEMPTED
+        self.waiting.appendleft(seq)
+
     def finish(self, seq: Sequence, reason: str) -> None:
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
