@@ -20,6 +20,7 @@ DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names
 @dataclass
 class EngineConfig:
     model: str = DEFAULT_MODEL
+    revision: str | None = None  # a Hub model's branch, tag or commit (engine/hub_models.py); None: main
     dtype: str = "float32"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     attention_backend: str = "auto"  # auto | torch | triton

@@ -14,10 +14,12 @@ from engine.models.decoder import CausalLM
 from engine.models.layers import RotaryEmbedding
 from engine.models.linear import pack_linears
 from engine.models.registry import model_class
+from engine.quantization_support import check_quantization
 
 
 def load_config(model_dir: Path):
     config = AutoConfig.from_pretrained(model_dir)
+    check_quantization(config, model_dir)  # before the tensors: one line naming the method
     model_class(config, model_dir)  # an unsupported architecture fails here, naming the supported ones
     return config
 
