@@ -1,5 +1,6 @@
 """A spec naming its model by Hub id (``[model] name = "org/name"``, ``revision``) runs offline from a
-cache laid out as huggingface_hub lays it out (``tests/hub_cache.py``); nothing reaches a hub."""
+cache laid out as huggingface_hub lays it out (``tests/hub_cache.py``); nothing reaches a hub. The
+run's stderr is empty."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ def test_a_hub_id_spec_runs_offline(tmp_path: Path, hf_home: Path, tiny_model_di
     result = subprocess.run([*tokenmill_cmd(), "run", str(spec), "--no-progress", "--json"], capture_output=True,
                             text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
+    # nothing else on stderr at exit: no "nanobind: leaked ... triton" lines (torch imports triton
+    # when it is installed; without a GPU the CLI hides it, jobs/cli_errors.py)
+    assert result.stderr == ""
     manifest = json.loads(result.stdout)
     assert manifest["status"] == "succeeded" and manifest["totals"]["rows"] == 5
     rows = read_parts(str(tmp_path / "out")).to_pylist()
