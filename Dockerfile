@@ -1,4 +1,8 @@
-# GPU worker image for the tokenmill fleet: `docker build -t tokenmill-worker .`
+# GPU image for the tokenmill fleet: `docker build -t tokenmill-worker .`. It holds every part
+# (the server and lm-evaluation-harness too), so any `tokenmill` command runs from it: the
+# entrypoint is `tokenmill worker`; `--entrypoint tokenmill` runs serve, lm-eval, submit, beat.
+# tests/system/test_image_context.py stages this context as the COPY lines below copy it and runs
+# each command's --help from it.
 #
 # CUDA runtime base + Python 3.11 + the CUDA build of torch 2.13.0 (from the PyTorch
 # CUDA index) and the Triton release matching it, then tokenmill itself. The default model
@@ -37,18 +41,22 @@ RUN apt-get update \
 
 RUN python3.11 -m venv "$VIRTUAL_ENV" && pip install --upgrade pip setuptools wheel
 
-# torch first, from the CUDA index, so installing the project (which pins torch==2.13.0)
+# torch first, from the CUDA index, so installing the project (torch>=2.13; constraints.txt: 2.13.0)
 # finds it satisfied (2.13.0+cu128 matches ==2.13.0) instead of pulling the CPU build.
 RUN pip install --index-url "https://download.pytorch.org/whl/${TORCH_CUDA}" "torch==${TORCH_VERSION}" \
     && pip install "triton==${TRITON_VERSION}"
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY engine ./engine
 COPY connectors ./connectors
 COPY pipeline ./pipeline
 COPY jobs ./jobs
-RUN pip install . \
+COPY service ./service
+COPY harness ./harness
+COPY examples ./examples
+# The versions `make test` ran (constraints.txt); torch 2.13.0+cu128 above satisfies its torch line.
+RUN pip install -c constraints.txt ".[server,plots,triton,eval]" \
     && python -c "import torch, triton; v = torch.__version__; \
 assert v.startswith('${TORCH_VERSION}') and torch.version.cuda, f'expected a CUDA build of torch ${TORCH_VERSION}, got {v}'"
 

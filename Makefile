@@ -3,11 +3,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup model browser test demo lint bench clean
+.PHONY: setup model browser test pythons demo lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
 	$(PY) -c "import torch, transformers, celery, s3fs, triton; assert torch.__version__.startswith('2.13.0')"
 	touch $(STAMP)
 
@@ -26,6 +26,11 @@ browser:
 test: model browser
 	$(PY) -m pytest -q -ra tests
 
+# Python 3.12 and 3.13: the project installed from this tree into fresh venvs (constraints.txt's
+# versions), then the torch-free test subset (no CPU torch for them is reachable here; see the script).
+pythons:
+	.ci/other-pythons
+
 demo: model
 	$(VENV)/bin/tokenmill run examples/demo/summarize.toml
 
@@ -36,4 +41,4 @@ bench: model
 	$(PY) bench/bench_engine.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache demo-output
+	rm -rf $(VENV) .pytest_cache demo-output build/other-pythons

@@ -21,6 +21,7 @@ QUANTIZATIONS = ("auto", "none")  # auto: a quantized checkpoint runs quantized 
 @dataclass
 class EngineConfig:
     model: str = DEFAULT_MODEL
+    revision: str | None = None  # a Hub model's branch, tag or commit (engine/hub_models.py); None: main
     dtype: str = "float32"  # activations, and the weights of a float checkpoint
     quantization: str = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N

@@ -48,7 +48,7 @@ class LLMEngine:
     the model runner the device, the output processor the texts; requests live in ``requests``."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.model_dir = resolve_model(config.model)
+        self.model_dir = resolve_model(config.model, config.revision)
         device = self.device = config.resolved_device()
         limits = batch_limits(device, config.max_num_seqs, config.max_num_batched_tokens)
         config = self.config = dataclasses.replace(  # the step bounds resolved for this device

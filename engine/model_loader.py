@@ -15,12 +15,17 @@ from engine.models.decoder import CausalLM
 from engine.models.layers import RotaryEmbedding
 from engine.models.linear import pack_linears
 from engine.models.registry import model_class
+from engine.model_errors import UnsupportedQuantization
 from engine.quant.apply import QuantCollector, swap_linears
 from engine.quant.scheme import checkpoint_scheme
 
 
 def load_config(model_dir: Path):
     config = AutoConfig.from_pretrained(model_dir)
+    try:  # before the tensors: one line naming the method
+        checkpoint_scheme(config)
+    except UnsupportedQuantization as e:
+        raise UnsupportedQuantization(f"model at {model_dir}: {e}") from None
     model_class(config, model_dir)  # an unsupported architecture fails here, naming the supported ones
     return config
 

@@ -18,6 +18,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.hub_models import hub_snapshot, is_hub_id
+from engine.model_errors import ModelNotFound
+
 
 @dataclass(frozen=True)
 class PackagedModel:
@@ -52,18 +55,21 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def resolve_model(model: str | os.PathLike) -> Path:
-    """Return the HF directory for ``model``: a packaged name or a path to a directory."""
+def resolve_model(model: str | os.PathLike, revision: str | None = None, *, local_files_only: bool = False) -> Path:
+    """Return the HF directory for ``model``: a packaged name, a path to a directory, or a Hub id
+    (``org/name``, at ``revision``) resolved through the Hugging Face cache (``engine/hub_models.py``)."""
     text = str(model)
     if text in PACKAGED_MODELS:
         return ensure_packaged_model(text)
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ValueError(f"model directory {path} has no config.json (not an HF-format model)")
+            raise ModelNotFound(f"model directory {path} has no config.json (not an HF-format model)")
         return path
+    if is_hub_id(text):
+        return hub_snapshot(text, revision, local_files_only=local_files_only)
     known = ", ".join(sorted(PACKAGED_MODELS))
-    raise ValueError(f"unknown model {text!r}: not a packaged model ({known}) and not a directory")
+    raise ModelNotFound(f"unknown model {text!r}: not a packaged model ({known}), a directory or a Hub id (org/name)")
 
 
 def ensure_packaged_model(name: str) -> Path:

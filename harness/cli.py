@@ -18,7 +18,8 @@ def run_lm_eval(args: list[str]) -> None:
     try:
         from lm_eval.__main__ import cli_evaluate
     except ImportError:
-        raise SystemExit("lm-eval is not installed: pip install 'tokenmill[eval]'") from None
+        # the CLI's top level turns this into one line naming the extra (jobs/cli_errors.py)
+        raise ModuleNotFoundError("lm-eval is not installed", name="lm_eval") from None
     import harness.model  # noqa: F401  (registers the model)
     from pipeline.stop_signals import handling_stop_signals
 

@@ -4,7 +4,7 @@
     tokenmill submit JOB.toml [--broker]    queue on the fleet, print the job id
     tokenmill status JOB_ID | JOB.toml      fleet state, or a spec's output state
     tokenmill cancel JOB_ID [--release]      (a spec with --release: free its output's lease)
-    tokenmill worker [--broker] [--queues]  a fleet worker
+    tokenmill worker [--broker] [-Q/--queue] a fleet worker
     tokenmill beat --jobs DIR [--broker]    enqueue specs with a ``schedule`` when due
     tokenmill serve --storage URL [--broker] the OpenAI-compatible Batches API, job routes, dashboard
     tokenmill bench                         the engine benchmark
@@ -23,11 +23,13 @@ from typing import Annotated, Any
 
 import typer
 
+from jobs.cli_errors import TokenmillApp
 from jobs.cli_processes import register as register_process_commands
 from jobs.cli_support import (
     FAILED_EXIT,
     SPEC_EXIT,
     BrokerOption,
+    OldQueueOption,
     QueueOption,
     console,
     fail,
@@ -37,7 +39,7 @@ from jobs.cli_support import (
     use_broker,
 )
 
-app = typer.Typer(
+app = TokenmillApp(
     name="tokenmill", help="Batch LLM inference: run job specs embedded or on a Celery fleet.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
 )
@@ -82,8 +84,10 @@ def submit(
     broker: BrokerOption = None,
     queue: QueueOption = None,
     job_id: Annotated[str | None, typer.Option("--job-id", help="default: <name>-<random>")] = None,
+    old_queue: OldQueueOption = None,
 ) -> None:
     """Queue a job on the fleet (one task per shard) and print its job id."""
+    queue = queue or old_queue
     setup_logging()
     use_broker(broker)
     spec = load_spec(spec_path)

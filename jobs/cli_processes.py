@@ -14,7 +14,16 @@ from typing import Annotated
 
 import typer
 
-from jobs.cli_support import SPEC_EXIT, BrokerOption, QueueOption, fail, load_spec, setup_logging, use_broker
+from jobs.cli_support import (
+    SPEC_EXIT,
+    BrokerOption,
+    OldQueueOption,
+    QueueOption,
+    fail,
+    load_spec,
+    setup_logging,
+    use_broker,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -27,7 +36,8 @@ def register(app: typer.Typer) -> None:
 
 def worker(
     broker: BrokerOption = None,
-    queues: Annotated[str | None, typer.Option("--queues", "-Q", help="comma-separated queues")] = None,
+    queue: Annotated[str | None, typer.Option("--queue", "-Q", help="queues to consume, comma-separated "
+                                              "(default $TOKENMILL_QUEUE or 'tokenmill')")] = None,
     concurrency: Annotated[
         int, typer.Option("--concurrency", "-c", help="shard tasks held at once (threads pool)")
     ] = 2,
@@ -45,8 +55,10 @@ def worker(
         int | None, typer.Option("--metrics-port", help="serve Prometheus metrics at http://HOST:PORT/metrics")
     ] = None,
     metrics_host: Annotated[str, typer.Option("--metrics-host", help="address the metrics server binds")] = "0.0.0.0",
+    old_queue: OldQueueOption = None,
 ) -> None:
     """Start a fleet worker (blocks); it also runs the enqueue task of 'tokenmill beat'."""
+    queues = queue or old_queue
     use_broker(broker)
     import jobs.scheduled  # noqa: F401  (registers the scheduled-job task on the app)
     from pipeline.worker import start_worker
@@ -65,8 +77,10 @@ def beat(
     broker: BrokerOption = None,
     queue: QueueOption = None,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+    old_queue: OldQueueOption = None,
 ) -> None:
     """Run Celery beat: enqueue every spec in --jobs that has a 'schedule' each time it is due."""
+    queue = queue or old_queue
     use_broker(broker)
     if queue:
         os.environ["TOKENMILL_QUEUE"] = queue
@@ -124,8 +138,10 @@ def serve(
         list[str] | None, typer.Option("--allowed-url-prefix", help="confine /v1/jobs input and output URLs to "
                                        "these prefixes; needed for local paths (repeat)")
     ] = None,
+    old_queue: OldQueueOption = None,
 ) -> None:
     """Serve the OpenAI Files/Batches API, /v1/jobs, /metrics and the dashboard at / (blocks)."""
+    queue = queue or old_queue
     setup_logging()
     use_broker(broker)
     from engine.model_registry import DEFAULT_MODEL

@@ -15,6 +15,8 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 
+from jobs.cli_errors import FAILED_EXIT, SPEC_EXIT
+
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
     from pipeline.plan import JobPlan
@@ -26,10 +28,10 @@ BrokerOption = Annotated[
     str | None, typer.Option("--broker", "-b", help="broker URL (default $TOKENMILL_BROKER_URL or local Redis)")
 ]
 QueueOption = Annotated[
-    str | None, typer.Option("--queue", "-q", help="queue name (default $TOKENMILL_QUEUE or 'tokenmill')")
+    str | None, typer.Option("--queue", "-Q", help="queue name (default $TOKENMILL_QUEUE or 'tokenmill')")
 ]
-SPEC_EXIT = 2
-FAILED_EXIT = 1
+# The spellings before -Q/--queue was the one spelling of every command; kept working, not shown.
+OldQueueOption = Annotated[str | None, typer.Option("-q", "--queues", hidden=True)]
 
 
 def fail(message: str, code: int = FAILED_EXIT) -> NoReturn:

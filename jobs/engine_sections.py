@@ -14,6 +14,7 @@ from typing import Any, Literal, get_type_hints
 from pydantic import Field, ValidationInfo, create_model, field_validator
 
 from engine.config import EngineConfig
+from engine.hub_models import is_hub_id
 from engine.model_registry import DEFAULT_MODEL, PACKAGED_MODELS
 from engine.sampling_params import MAX_N, MAX_STOP, SamplingParams
 from jobs.sections import Section, resolve_local
@@ -47,16 +48,18 @@ SAMPLING_BOUNDS: dict[str, dict[str, Any]] = {
 class _ModelTable(Section):
     """The model and the engine settings (``engine.EngineConfig`` fields); unset keeps the engine default."""
 
-    name: str | None = Field(None, description=f"registered model name (default {DEFAULT_MODEL!r})")
+    name: str | None = Field(None, description=f"a packaged model name (default {DEFAULT_MODEL!r}) or a Hugging "
+                             "Face Hub id 'org/name' (resolved through the Hub cache; see revision)")
     path: str | None = Field(None, description="a local model directory instead of a name")
 
     @field_validator("name")
     @classmethod
     def _registered(cls, name: str | None) -> str | None:
-        """Caught here, not as a traceback on a worker after submit."""
-        if name is not None and name not in PACKAGED_MODELS:
+        """Caught here, not as a traceback on a worker after submit (a Hub id's snapshot is looked up
+        where the engine runs, whose cache may differ from this one's)."""
+        if name is not None and name not in PACKAGED_MODELS and not is_hub_id(name):
             known = ", ".join(sorted(PACKAGED_MODELS))
-            raise ValueError(f"unknown model {name!r}; registered: {known} (or give model.path)")
+            raise ValueError(f"unknown model {name!r}; packaged: {known}, or a Hub id 'org/name' (or give model.path)")
         return name
 
     @field_validator("block_size", check_fields=False)

@@ -136,7 +136,18 @@ def _queue_job(
     body.link_error(app.signature("tokenmill.job_failed", kwargs={"plan_dict": plan_dict}))
     result = chord(header, app=app)(body)
     store.set_meta(plan.job_id, finalize_task_id=result.id)
+    _stop_listening(app, [result.id, *(r.id for r in getattr(result.parent, "results", None) or ())])
     return plan.job_id
+
+
+def _stop_listening(app: Celery, task_ids: list[str]) -> None:
+    """A submitting client never waits for results, yet the Redis backend subscribed to each queued
+    task's channel; leave them now, while the process is whole, or ``AsyncResult.__del__`` does it at
+    interpreter exit and prints a traceback."""
+    consumer = getattr(app.backend, "result_consumer", None)
+    if consumer is not None:
+        for task_id in task_ids:
+            consumer.cancel_for(task_id)
 
 
 def job_status(job: str | JobPlan, *, state_url: str | None = None) -> dict[str, Any]:

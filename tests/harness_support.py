@@ -3,7 +3,7 @@ dataset builder), one of each request type, and helpers to run them."""
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -11,101 +11,13 @@ from typing import Any
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-QUESTIONS = [
-    ("What colour is the sky on a clear day?", ["green", "blue", "red", "purple"], 1),
-    ("How many legs does a spider have?", ["six", "four", "eight", "ten"], 2),
-    ("Which animal says moo?", ["a cow", "a cat", "a dog", "a duck"], 0),
-    ("What do bees make?", ["milk", "silk", "wool", "honey"], 3),
-    ("Which is the largest planet?", ["Mars", "Jupiter", "Venus", "Mercury"], 1),
-    ("What is frozen water called?", ["ice", "steam", "sand", "glass"], 0),
-]
-PROMPTS = [
-    ("The capital of France is", " Paris"),
-    ("One, two, three, four,", " five"),
-    ("Monday, Tuesday, Wednesday,", " Thursday"),
-    ("The opposite of hot is", " cold"),
-]
-DOCUMENTS = [
-    "The river flowed quietly past the old mill, where children once played on summer afternoons.",
-    "Stars are born in clouds of gas and dust. Gravity pulls the material together until the core is hot "
-    "enough for nuclear fusion to begin. " * 6,
-    "A short note.",
-]
-TASKS = ("tm_mc", "tm_gen", "tm_roll")
-
-
-def _jsonl(path: Path, rows: list[dict[str, Any]]) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
-
-
-def write_tasks(root: Path) -> str:
-    """The three tasks' YAML and data under ``root``; returns the ``include_path``."""
-    root.mkdir(parents=True, exist_ok=True)
-    mc = [{"question": q, "choices": c, "answer": a} for q, c, a in QUESTIONS]
-    files = {
-        "mc_train": _jsonl(root / "mc_train.jsonl", mc[:2]),
-        "mc_test": _jsonl(root / "mc_test.jsonl", mc[2:]),
-        "gen": _jsonl(root / "gen.jsonl", [{"prompt": p, "target": t} for p, t in PROMPTS]),
-        "roll": _jsonl(root / "roll.jsonl", [{"text": d} for d in DOCUMENTS]),
-    }
-    (root / "tm_mc.yaml").write_text(f"""task: tm_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    train: {files['mc_train']}
-    test: {files['mc_test']}
-output_type: multiple_choice
-training_split: train
-test_split: test
-fewshot_split: train
-num_fewshot: 2
-fewshot_config:
-  sampler: first_n
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{answer}}}}"
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-metadata:
-  version: 1.0
-""")
-    (root / "tm_gen.yaml").write_text(f"""task: tm_gen
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {files['gen']}
-output_type: generate_until
-test_split: test
-doc_to_text: "{{{{prompt}}}}"
-doc_to_target: "{{{{target}}}}"
-generation_kwargs:
-  until: ["\\n", "."]
-  max_gen_toks: 8
-  do_sample: false
-metric_list:
-  - metric: exact_match
-metadata:
-  version: 1.0
-""")
-    (root / "tm_roll.yaml").write_text(f"""task: tm_roll
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {files['roll']}
-output_type: loglikelihood_rolling
-test_split: test
-doc_to_text: ""
-doc_to_target: "{{{{text}}}}"
-metric_list:
-  - metric: word_perplexity
-  - metric: byte_perplexity
-  - metric: bits_per_byte
-metadata:
-  version: 1.0
-""")
-    return str(root)
+# The tasks ship as an example (examples/harness_offline.py); the tests run the same ones.
+_spec = importlib.util.spec_from_file_location(
+    "tokenmill_harness_offline", Path(__file__).resolve().parents[1] / "examples" / "harness_offline.py")
+_example = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_example)
+QUESTIONS, PROMPTS, DOCUMENTS, TASKS = _example.QUESTIONS, _example.PROMPTS, _example.DOCUMENTS, _example.TASKS
+write_tasks = _example.write_tasks
 
 
 def evaluate(model: Any, include_path: str, model_args: dict[str, Any] | None = None,

@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 
@@ -20,6 +19,7 @@ def default_model_dir() -> Path:
 
 def build_tiny_llama(out: Path, tokenizer_from: Path | None, seed: int = 0, **overrides) -> Path:
     """A 2-layer Llama with random weights; large init so greedy argmax has no near-ties."""
+    import torch  # here, so the torch-free subset (make pythons) loads the shared fixtures
     from transformers import LlamaConfig, LlamaForCausalLM
 
     params = dict(

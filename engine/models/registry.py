@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from engine.model_errors import UnsupportedArchitecture
 from engine.models.decoder import CausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
@@ -34,5 +35,5 @@ def model_class(config, where: object = "the model") -> type[CausalLM]:
     for arch in archs:
         if arch in MODEL_CLASSES:
             return MODEL_CLASSES[arch]
-    raise ValueError(f"model at {where} has architectures {sorted(archs)}; tokenmill runs "
+    raise UnsupportedArchitecture(f"model at {where} has architectures {sorted(archs)}; tokenmill runs "
                      f"{', '.join(supported_architectures())}")

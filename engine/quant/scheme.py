@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from engine.model_errors import UnsupportedQuantization
+
 QUANT_METHOD = "compressed-tensors"
 SUPPORTED = "compressed-tensors int8 W8A8 (int-quantized), 4-bit W4A16 (pack-quantized), FP8 (float-quantized)"
 
@@ -45,8 +47,8 @@ class QuantScheme:
         return runs[self.format]
 
 
-def _refuse(what: str) -> ValueError:
-    return ValueError(f"unsupported quantization: {what}; tokenmill loads {SUPPORTED}")
+def _refuse(what: str) -> UnsupportedQuantization:
+    return UnsupportedQuantization(f"unsupported quantization: {what}; tokenmill loads {SUPPORTED}")
 
 
 def _get(obj, key: str, default=None):

@@ -59,7 +59,7 @@ def errors_of(data: dict[str, Any]) -> list[str]:
         ({"model": {"name": "smollm2-135m-instruct", "path": "/m"}},
          "model.path: give model.name or model.path, not both"),
         ({"model": {"name": "smolm2"}},
-         "model.name: unknown model 'smolm2'; registered: gemma3-270m, smollm2-135m-instruct (or give model.path)"),
+         "model.name: unknown model 'smolm2'; packaged: gemma3-270m, smollm2-135m-instruct, or a Hub id 'org/name' (or give model.path)"),
         ({"name": "bad name!"}, "name: String should match pattern"),
         ({"evaluate": {"method": "exact"}}, "evaluate: the [evaluate] table is only for kind 'evaluate'"),
         ({"kind": "evaluate", "evaluate": {"method": "regex"}}, "evaluate.pattern: required when method = 'regex'"),
