@@ -11,11 +11,11 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from engine.config import QUANTIZATIONS
+from engine.model_errors import UnsupportedQuantization
 from engine.models.decoder import CausalLM
 from engine.models.layers import RotaryEmbedding
 from engine.models.linear import pack_linears
 from engine.models.registry import model_class
-from engine.model_errors import UnsupportedQuantization
 from engine.quant.apply import QuantCollector, swap_linears
 from engine.quant.scheme import checkpoint_scheme
 
