@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -46,7 +47,10 @@ def _mismatch_message(model_dir: Path, missing: list[str], unexpected: list[str]
     return "\n".join(lines)
 
 
-def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: int) -> CausalLM:
+def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: int,
+               shard: Callable[[CausalLM], CausalLM] | None = None) -> CausalLM:
+    """``shard``: cuts the loaded model to one tensor-parallel rank's part (``engine/parallel``),
+    on the host, before it moves to ``device`` and its weights are packed."""
     config = load_config(model_dir)
     cls = model_class(config, model_dir)
     files = _weight_files(model_dir)
@@ -88,6 +92,8 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: 
     missing = sorted(set(layout) - loaded)
     if missing or unexpected or wrong_shape:
         raise ValueError(_mismatch_message(model_dir, missing, unexpected, wrong_shape))
+    if shard is not None:
+        model = shard(model)
     model = model.to(device=device, dtype=dtype).eval()
     if device == "cpu" and os.environ.get("TOKENMILL_PACK_WEIGHTS", "1") != "0":
         pack_linears(model)  # oneDNN layout, once (engine/models/linear.py)
