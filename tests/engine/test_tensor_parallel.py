@@ -80,6 +80,14 @@ def test_forked_samples_copy_blocks_on_every_rank(tmp_path, default_model_dir):
     assert two == one
 
 
+def test_closing_the_engine_ends_its_ranks(tmp_path, default_model_dir):
+    llm = LLM(str(build_tiny_llama(tmp_path / "m", default_model_dir)), tensor_parallel_size=2, **SETTINGS)
+    workers = list(llm.engine.parallel.pool.processes)
+    llm.close()
+    assert [w.exitcode for w in workers] == [0]
+    assert RankPool._kept is None
+
+
 def test_a_dead_rank_is_one_clear_error(tmp_path, default_model_dir):
     model_dir = build_tiny_llama(tmp_path / "m", default_model_dir)
     llm = LLM(str(model_dir), tensor_parallel_size=2, **SETTINGS)
