@@ -15,7 +15,7 @@ from engine.config import EngineConfig
 from engine.model_loader import load_config
 from engine.parallel.messages import Build, Kind, StepMessage
 from engine.parallel.pool import RankPool, TensorParallelError
-from engine.parallel.rank import build_rank_runner
+from engine.parallel.rank import build_rank_runner, tune_rank_threads
 from engine.parallel.runner import TensorParallelRunner
 from engine.parallel.shard import check_shardable
 
@@ -38,6 +38,8 @@ class TensorParallel:
         self.failure: TensorParallelError | None = None
         self.pool: RankPool | None = None
         self.pool = RankPool.acquire(n, device, config)
+        if device == "cpu":
+            tune_rank_threads(config.num_threads, n)  # after the engine's own tuning for one process
         try:
             self.pool.send(StepMessage(Kind.BUILD, build=Build(config, model_dir, max_model_len)))
             self.runner = build_rank_runner(config, model_dir, max_model_len, self.pool.group, TensorParallelRunner)

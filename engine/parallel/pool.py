@@ -18,7 +18,6 @@ import torch.multiprocessing as mp
 from engine.config import EngineConfig
 from engine.parallel.group import ParallelGroup, free_port, init_group, leave_group, timeout
 from engine.parallel.messages import Kind, StepMessage
-from engine.parallel.rank import tune_rank_threads
 from engine.parallel.worker import worker_main
 
 log = logging.getLogger(__name__)
@@ -73,8 +72,6 @@ class RankPool:
             self.conns.append(receive)
         try:
             self._wait_for_joining()
-            if device == "cpu":
-                tune_rank_threads(config.num_threads, size)
             self.group = init_group(0, size, port, device)
         except Exception as exc:
             error = self.error_from(exc)

@@ -36,6 +36,8 @@ def worker_main(rank: int, size: int, port: int, device: str, num_threads: int |
             elif message.kind is Kind.BUILD:
                 runner = None
                 b = message.build
+                if device == "cpu":
+                    tune_rank_threads(b.config.num_threads, size)
                 runner = build_rank_runner(b.config, b.model_dir, b.max_model_len, group)
             elif message.kind is Kind.RELEASE:
                 runner = None
