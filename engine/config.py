@@ -50,6 +50,9 @@ class EngineConfig:
     # None: on where the device runs apart from the host (CUDA), off on the CPU (nothing to overlap).
     async_scheduling: bool | None = None
     seed: int = 0
+    # Split the model over this many devices of one machine, one process each (engine/parallel):
+    # GPUs device..device+N-1 (NCCL), or N processes sharing the CPU's cores (gloo).
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.dtype == "auto":
@@ -64,6 +67,8 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.mixed_graph_max_tokens < 0:
             raise ValueError(f"mixed_graph_max_tokens must be >= 0, got {self.mixed_graph_max_tokens}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 

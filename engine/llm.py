@@ -102,6 +102,15 @@ class LLM:
     def stats(self) -> dict[str, Any]:
         return self.engine.stats()
 
+    def close(self) -> None:
+        """Stop a tensor-parallel engine's worker processes (nothing to do for one process)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 def _prompt_list(prompts: Seq[Prompt] | Prompt) -> list[Prompt]:
     """One prompt (a text or a list of token ids) or many, as a list of prompts."""

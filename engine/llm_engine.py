@@ -60,15 +60,23 @@ class LLMEngine:
         self.max_model_len = min(
             config.max_model_len or hf_config.max_position_embeddings, hf_config.max_position_embeddings
         )
-        model = load_model(self.model_dir, config.torch_dtype, device, self.max_model_len, config.quantization)
-        self.quantization = model.quantization  # what runs: "none", or the quantized format
+        self.parallel = None  # the worker ranks, with tensor_parallel_size > 1
+        if config.tensor_parallel_size > 1:
+            from engine.parallel.driver import TensorParallel
+
+            self.parallel = TensorParallel(config, self.model_dir, self.max_model_len, device)
+            self.runner = self.parallel.runner
+            model = self.runner.model
+        else:
+            model = load_model(self.model_dir, config.torch_dtype, device, self.max_model_len, config.quantization)
+            features = choose_features(device, config.attention_backend, config.enforce_eager, config.num_kv_blocks,
+                                       config.compile, model.head_dim)
+            announce(features)
+            backend = get_backend(features.attention_backend, device)
+            self.runner = ModelRunner(model, backend, config, self.max_model_len, device, features)
+        self.quantization = getattr(model, "quantization", "none")  # what runs: "none", or the quantized format
         self.tokenizer = load_tokenizer(self.model_dir)
         self.eos_token_ids = eos_token_ids(self.model_dir, self.tokenizer)
-        features = choose_features(device, config.attention_backend, config.enforce_eager, config.num_kv_blocks,
-                                   config.compile, model.head_dim)
-        announce(features)
-        backend = get_backend(features.attention_backend, device)
-        self.runner = ModelRunner(model, backend, config, self.max_model_len, device, features)
         self.num_kv_blocks = self.runner.num_kv_blocks
         self.block_manager = BlockManager(
             self.num_kv_blocks, config.block_size, config.enable_prefix_caching, config.kv_allocation,
@@ -372,6 +380,13 @@ class LLMEngine:
             if not s.is_finished:
                 self.scheduler.abort(s, "error")
         finished.append(self.output_processor.build(state))
+
+    def close(self, keep_ranks: bool = False) -> None:
+        """Let go of the engine's processes: the worker ranks of a tensor-parallel engine exit, or
+        with ``keep_ranks`` wait for the next engine of their size (a no-op for one process).
+        The engine takes no steps after this."""
+        if self.parallel is not None:
+            self.parallel.close(keep_ranks)
 
     def stats(self) -> dict[str, Any]:
         out = self.stats_tracker.as_dict(self.scheduler, self.block_manager)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -55,9 +56,11 @@ def _mismatch_message(model_dir: Path, missing: list[str], unexpected: list[str]
 
 
 def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: int,
-               quantization: str = "auto") -> CausalLM:
+               quantization: str = "auto", shard: Callable[[CausalLM], CausalLM] | None = None) -> CausalLM:
     """The model with its weights; a quantized checkpoint (``engine/quant/scheme.py`` says which)
-    runs quantized on the CPU unless ``quantization`` is ``"none"`` (dequantised to ``dtype``)."""
+    runs quantized on the CPU unless ``quantization`` is ``"none"`` (dequantised to ``dtype``).
+    ``shard``: cuts the loaded model to one tensor-parallel rank's part (``engine/parallel``),
+    on the host, before it moves to ``device`` and its weights are packed."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
     config = load_config(model_dir)
@@ -114,6 +117,8 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: 
     missing = sorted(set(layout) - loaded)
     if missing or unexpected or wrong_shape:
         raise ValueError(_mismatch_message(model_dir, missing, unexpected, wrong_shape))
+    if shard is not None:
+        model = shard(model)
     model = model.to(device=device, dtype=dtype).eval()
     model.quantization = "none"
     if scheme is not None:

@@ -85,8 +85,10 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None
         hf = model.config
+        # the heads this process's layers hold (a tensor-parallel rank holds its share)
+        self.num_kv_heads = model.attention_layers()[0].num_kv_heads
         per_block = bytes_per_block(
-            hf.num_hidden_layers, self.block_size, hf.num_key_value_heads, model.head_dim, self.kv_dtype
+            hf.num_hidden_layers, self.block_size, self.num_kv_heads, model.head_dim, self.kv_dtype
         )
         if config.num_kv_blocks is not None:
             self.num_kv_blocks = config.num_kv_blocks
@@ -105,7 +107,7 @@ class ModelRunner:
 
     def allocate_kv_pool(self, num_blocks: int) -> torch.Tensor:
         hf = self.model.config
-        shape = self.backend.kv_cache_shape(num_blocks, self.block_size, hf.num_key_value_heads, self.model.head_dim)
+        shape = self.backend.kv_cache_shape(num_blocks, self.block_size, self.num_kv_heads, self.model.head_dim)
         return allocate_kv_pool(hf.num_hidden_layers, shape, self.kv_dtype, self.device)
 
     def bind_kv_pool(self, kv_pool: torch.Tensor | None) -> None:

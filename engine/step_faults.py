@@ -29,6 +29,8 @@ class StepFaults:
         try:
             return self._run(batch)
         except Exception as batch_error:
+            if getattr(batch_error, "fatal", False):  # the engine itself broke (a tensor-parallel rank)
+                raise
             self._blocks.forget_sequences(batch.seqs)
             if len(batch) == 1:
                 self._fail(batch.seqs[0], batch_error, finished)

@@ -36,7 +36,7 @@ ENGINE_CHOICES: dict[str, Any] = {
 ENGINE_BOUNDS: dict[str, dict[str, Any]] = {
     "block_size": {"ge": 1}, "max_num_seqs": {"ge": 1}, "max_num_batched_tokens": {"ge": 1},
     "num_kv_blocks": {"ge": 1}, "kv_cache_memory_gb": {"gt": 0}, "gpu_memory_utilization": {"gt": 0, "le": 1},
-    "max_model_len": {"ge": 1}, "num_threads": {"ge": 1},
+    "max_model_len": {"ge": 1}, "num_threads": {"ge": 1}, "tensor_parallel_size": {"ge": 1},
 }
 SAMPLING_BOUNDS: dict[str, dict[str, Any]] = {
     "max_tokens": {"ge": 1}, "temperature": {"ge": 0}, "top_p": {"gt": 0, "le": 1}, "top_k": {"ge": -1},

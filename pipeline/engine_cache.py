@@ -36,6 +36,7 @@ def get_engine(settings: dict[str, Any]) -> LLMEngine:
         if _engine is None or _key != key:
             if _engine is not None:
                 log.info("engine settings changed; replacing the engine")
+                _engine.close()  # a tensor-parallel engine's ranks hold their devices until they exit
             _engine, _key = None, None
             release_frozen_objects()
             started = time.perf_counter()
@@ -70,5 +71,7 @@ def rebuild_engine(settings: dict[str, Any]) -> LLMEngine:
 def clear_engine_cache() -> None:
     global _engine, _key
     with _lock:
+        if _engine is not None:
+            _engine.close()
         _engine, _key = None, None
         release_frozen_objects()  # under the lock: a get_engine beside it may be freezing its own

@@ -67,7 +67,9 @@ class Experts(nn.Module):
 
 def grouped_moe(x, gate_up, down, weights, ids, act) -> torch.Tensor:
     """The CPU path (and the reference): pairs sorted by expert, one product pair per expert hit.
-    Within an expert, rows go in HF's order (by rank among the token's choices, then token)."""
+    Within an expert, rows go in HF's order (by rank among the token's choices, then token).
+    An id equal to the number of experts marks a pair another rank computes (expert
+    parallelism, ``engine/parallel``): it sorts last and is skipped."""
     num_tokens = ids.shape[0]
     flat = ids.t().flatten()  # rank-major: pair r * T + t is token t's r-th choice
     order = torch.argsort(flat, stable=True)
@@ -77,7 +79,7 @@ def grouped_moe(x, gate_up, down, weights, ids, act) -> torch.Tensor:
     inter = down.shape[2]
     out = torch.zeros_like(x)
     start = 0
-    for e, n in enumerate(counts):
+    for e, n in enumerate(counts[: gate_up.shape[0]]):
         if n == 0:
             continue
         rows = tokens[start : start + n]
