@@ -4,6 +4,7 @@ one process, for every family; a rank's death is one clear error."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 
 import pytest
@@ -12,7 +13,7 @@ from engine_cases import random_prompts
 from family_models import FAMILIES, SMALL, build_family
 from model_fixtures import build_tiny_llama
 
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, StructuredOutput
 from engine.parallel.pool import RankPool, TensorParallelError
 
 SETTINGS = dict(num_kv_blocks=64, max_num_batched_tokens=48)
@@ -80,6 +81,20 @@ def test_forked_samples_copy_blocks_on_every_rank(tmp_path, default_model_dir):
     prompts = [[(97 * i + 31 * t) % 40000 + 5 for t in range(13)] for i in (1, 2)]  # all in the partial block
     one, two = _both(model_dir, prompts, params)
     assert two == one
+
+
+def test_gathered_logits_are_the_vocabulary_wide(tmp_path, default_model_dir):
+    """An odd vocabulary pads the last rank's LM head rows; the gathered logits must drop the
+    padding, or a grammar's token mask (one bit per vocabulary id) no longer lines up."""
+    model_dir = build_tiny_llama(tmp_path / "m", default_model_dir, tie_word_embeddings=True, vocab_size=49153)
+    params = SamplingParams(max_tokens=12, temperature=0, structured_output=StructuredOutput(regex="[a-z]{3,8} [0-9]{2}"))
+    llm = LLM(str(model_dir), tensor_parallel_size=2, **SETTINGS)
+    try:
+        two = [o.outputs[0].text for o in llm.generate(["hello", "a b c"], params)]
+    finally:
+        llm.engine.close(keep_ranks=True)
+    assert two == [o.outputs[0].text for o in LLM(str(model_dir), **SETTINGS).generate(["hello", "a b c"], params)]
+    assert all(re.fullmatch("[a-z]{3,8} [0-9]{2}", text) for text in two)
 
 
 def test_closing_the_engine_ends_its_ranks(tmp_path, default_model_dir):
