@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 _SHARD_FIELDS = (
     "index", "url", "part", "part_file", "status", "rows", "errors", "reason", "prompt_tokens", "output_tokens",
     "cached_prompt_tokens", "seconds", "worker", "rows_resumed", "rows_reused", "rows_shared", "part_commit",
+    "output_tokens_computed",
 )
 _COUNTERS = (
     "prompt_tokens_computed", "decode_tokens", "prefix_cache_query_tokens", "prefix_cache_hit_tokens",
@@ -132,8 +133,9 @@ def build_manifest(
     done = [o for o in outcomes if o.state == ShardState.DONE]
     totals.update(row_sources(outcomes))
     # tokens/s of this run's work: the engine's own count when it is this run's (embedded), else
-    # the done shards' (a fleet job; rows taken from a checkpoint or a previous part count there)
-    computed_tokens = (engine_stats or {}).get("decode_tokens", sum(o.counts.output_tokens for o in done))
+    # what the done shards computed (a fleet job; a shard result of an older worker: all its tokens)
+    computed_tokens = (engine_stats or {}).get("decode_tokens", sum(
+        o.counts.output_tokens if o.output_tokens_computed is None else o.output_tokens_computed for o in done))
     stats: dict[str, Any] = {
         "elapsed_s": round(elapsed_s, 3),
         "output_tokens_per_s": round(computed_tokens / elapsed_s, 2) if elapsed_s else 0.0,

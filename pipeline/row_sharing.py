@@ -60,6 +60,7 @@ class RowSharing:
 
     def fan_out(self, inf: InFlight, values: dict[str, Any], now: float) -> list[OpenShard]:
         """The result of a finished row to the rows that followed it; returns their shards."""
+        inf.shard.output_tokens_computed += values.get("output_tokens") or 0  # a row the engine computed
         key = inf.group.key
         if key is None:
             return []

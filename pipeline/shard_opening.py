@@ -64,6 +64,7 @@ class OpenShard:
     previous: PreviousRows | None = None  # the previous part's results by content key
     rows_reused: int = 0  # rows taken from the previous part
     rows_shared: int = 0  # rows that took the result of an identical row of this run
+    output_tokens_computed: int = 0  # output tokens of its rows the engine computed in this run
 
     @property
     def held(self) -> int:

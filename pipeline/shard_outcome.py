@@ -101,6 +101,9 @@ class ShardOutcome:
     rows_resumed: int = 0
     rows_reused: int = 0
     rows_shared: int = 0
+    # Output tokens of the rows the engine computed in this attempt (None: a result of a worker
+    # before issue 41, which did not count them): what a job's tokens/s is made of.
+    output_tokens_computed: int | None = None
 
     @property
     def has_part(self) -> bool:
@@ -117,6 +120,7 @@ class ShardOutcome:
             "part": self.part, "part_commit": self.part_commit, "transient": self.transient,
             "engine": dict(self.engine_counters),
             "rows_resumed": self.rows_resumed, "rows_reused": self.rows_reused, "rows_shared": self.rows_shared,
+            "output_tokens_computed": self.output_tokens_computed,
         }
 
     @classmethod
@@ -127,7 +131,7 @@ class ShardOutcome:
             worker=data.get("worker"), part=data.get("part"), part_commit=data.get("part_commit"),
             engine_counters=dict(data.get("engine") or {}),
             rows_resumed=data.get("rows_resumed") or 0, rows_reused=data.get("rows_reused") or 0,
-            rows_shared=data.get("rows_shared") or 0,
+            rows_shared=data.get("rows_shared") or 0, output_tokens_computed=data.get("output_tokens_computed"),
         )
 
     # ---- the live-state (Redis) form ---------------------------------------------------------
@@ -139,6 +143,7 @@ class ShardOutcome:
             "output_tokens": c.output_tokens, "prompt_tokens": c.prompt_tokens, "reason": self.reason,
             "cached_prompt_tokens": c.cached_prompt_tokens, "rows_resumed": self.rows_resumed,
             "rows_reused": self.rows_reused, "rows_shared": self.rows_shared, "part_commit": self.part_commit,
+            "output_tokens_computed": self.output_tokens_computed,
         }
 
     @staticmethod
@@ -167,5 +172,6 @@ class ShardOutcome:
             worker=data.get("worker"), part=data.get("part") or part, part_commit=data.get("part_commit"),
             rows_resumed=data.get("rows_resumed") or 0,
             rows_reused=data.get("rows_reused") or 0, rows_shared=data.get("rows_shared") or 0,
+            output_tokens_computed=data.get("output_tokens_computed"),
         )
 

@@ -46,7 +46,7 @@ class ShardReports:
         if shard is not None:
             outcome.part_commit = shard.sink.commit_id
             outcome.rows_resumed, outcome.rows_reused = shard.sink.resumed, shard.rows_reused
-            outcome.rows_shared = shard.rows_shared
+            outcome.rows_shared, outcome.output_tokens_computed = shard.rows_shared, shard.output_tokens_computed
         self.notify(outcome)
         return outcome
 

@@ -16,6 +16,7 @@ from test_checkpoints import Where
 from jobs.console import run_summary
 from pipeline.fleet import job_status
 from pipeline.job_runner import run_embedded
+from pipeline.manifest import build_manifest
 from pipeline.shard_outcome import ShardOutcome
 from pipeline.stop_signals import RunInterrupted
 
@@ -59,6 +60,11 @@ def test_status_and_summary_count_checkpointed_resumed_and_computed_rows(where: 
     assert totals["output_tokens"] == ROWS * MAX_TOKENS  # every row's tokens are in the output ...
     assert stats["decode_tokens"] == computed * MAX_TOKENS  # ... but only these were generated now
     assert stats["output_tokens_per_s"] == pytest.approx(computed * MAX_TOKENS / stats["elapsed_s"], rel=0.01)
+    (entry,) = manifest["shards"]
+    assert entry["output_tokens_computed"] == computed * MAX_TOKENS
+    # a fleet job's finalizer has no engine count: its tokens/s comes from the shards' results
+    fleet = build_manifest(plan, [ShardOutcome.from_result_dict(entry)], mode="celery", started_at="", elapsed_s=2.0)
+    assert fleet["engine_stats"]["output_tokens_per_s"] == computed * MAX_TOKENS / 2
     table = run_summary(manifest)
     values = dict(zip(table.columns[0]._cells, table.columns[1]._cells, strict=True))
     assert values["rows"] == (f"{ROWS} ({computed} computed, {saved} resumed from a checkpoint, 0 reused from the "

@@ -124,3 +124,24 @@ def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 143
     assert done.stderr.decode().strip().endswith("second SIGTERM: exiting now")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_tokenmill_lm_eval_stops_on_a_signal(monkeypatch: pytest.MonkeyPatch, signum: int) -> None:
+    """``tokenmill lm-eval`` on its in-process engine has no shard to checkpoint: the signal stops
+    it at once with 128 + its number (an embedded job inside it checkpoints as above)."""
+    import lm_eval.__main__
+
+    from harness.cli import run_lm_eval
+
+    def evaluate() -> None:  # stands in for lm-eval busy with the model
+        os.kill(os.getpid(), signum)
+        time.sleep(30)  # interrupted by the handler's exception
+        raise AssertionError("the signal did not stop lm-eval")
+
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", evaluate)
+    handlers = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)]
+    with pytest.raises(RunInterrupted) as stopped:
+        run_lm_eval(["--model", "tokenmill"])
+    assert stopped.value.code == 128 + signum and str(stopped.value) == f"interrupted by {signal.Signals(signum).name}"
+    assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)] == handlers
