@@ -45,9 +45,7 @@ def test_broker_down_on_submit_and_status_is_one_line(tmp_path: Path, tiny_model
     debug = tokenmill("--debug", "status", "some-job", "--broker", DOWN)
     assert debug.returncode == BROKER_EXIT
     assert "Traceback (most recent call last)" in debug.stderr and "redis.exceptions.ConnectionError" in debug.stderr
-    assert debug.stderr.splitlines()[-1] == REFUSED
-    env_debug = tokenmill("status", "some-job", "--broker", DOWN, env={"TOKENMILL_DEBUG": "1"})
-    assert "Traceback (most recent call last)" in env_debug.stderr
+    assert debug.stderr.splitlines()[-1] == REFUSED  # (--debug sets TOKENMILL_DEBUG=1 for the process)
 
 
 def test_spec_error_is_one_line(tmp_path: Path, tiny_model_dir: Path) -> None:
