@@ -1,12 +1,12 @@
 """How large a constraint's grammar would grow, judged before xgrammar compiles it.
 
-xgrammar unrolls bounded repetition: ``{"type": "string", "maxLength": 10000000}`` is 46
-characters, far under the 100,000-character limit, yet compiled for 10.7 s on this project's
-2-core machine (load 15; ``maxLength`` 1,000 took 6.6 s, an array of 1,000 strings of at most
-1,000 characters 8.3 s). A compile past the time bound is abandoned but cannot be stopped, and
-while two run every new constraint of every caller is refused: one caller could hold that
-door shut. So a constraint whose repetition bounds are large, or multiply out large along one
-nesting path, is refused at once, before any compile.
+xgrammar unrolls bounded repetition: a 43-character pattern ``^[a-z]{8000}$`` compiled for 9.7 s
+on this project's 2-core machine, 1,000 strings of at most 1,000 characters for 5.2 s
+(``bench/published/grammar-compile-probe-20261128.json``). A compile past the time bound is
+abandoned but cannot be stopped, and while two run every new constraint of every caller is
+refused: one caller could hold that door shut. So a constraint whose repetition bounds are
+large, or multiply out large along one nesting path, is refused at once, before any compile.
+A conservative rule, not a cost model (docs/tenants.md gives the probe's figures).
 """
 
 from __future__ import annotations

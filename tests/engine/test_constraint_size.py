@@ -1,5 +1,5 @@
 """A constraint built to explode compile time is refused before xgrammar sees it (issue 39):
-a 46-character schema compiled for 10.7 s here, and a compile past its time bound cannot be
+a 43-character pattern compiled for 9.7 s here, and a compile past its time bound cannot be
 stopped (two such kept every caller's new constraints out)."""
 
 from __future__ import annotations
