@@ -13,6 +13,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from engine.constraint_size import check_expansion
+
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
 MAX_CONSTRAINT_CHARS = 100_000  # a schema, regex, grammar or the choices, as text
 COMPILE_TIMEOUT_S = 5.0  # a constraint that takes longer is its request's error, not a stalled engine
@@ -67,9 +69,10 @@ class StructuredOutput:
             raise ValueError(f"structured_output.choice must be a non-empty list of non-empty strings, got {self.choice!r}")
         if not isinstance(self.json_object, bool):
             raise ValueError(f"structured_output.json_object must be a bool, got {self.json_object!r}")
-        size = len(self.key()[1])
-        if size > MAX_CONSTRAINT_CHARS:
-            raise ValueError(f"structured_output.{self.kind} is {size} characters; the limit is {MAX_CONSTRAINT_CHARS}")
+        kind, text = self.key()
+        if len(text) > MAX_CONSTRAINT_CHARS:
+            raise ValueError(f"structured_output.{kind} is {len(text)} characters; the limit is {MAX_CONSTRAINT_CHARS}")
+        check_expansion(kind, text)  # a small text can still unroll into a grammar that compiles for minutes
 
     def key(self) -> tuple[str, str]:
         """A hashable identity of the constraint: equal keys compile to the same grammar."""

@@ -83,17 +83,17 @@ class FairShare:
             else:
                 del self._waiting[owner]
 
-    def take(self, room: int, size: Any) -> list[tuple[Any, int]]:
+    def take(self, room: int, batch: int, size: Any) -> list[tuple[Any, int]]:
         """Prompts for the engine, one per key in turn, while their sequences (``size(call, i)``)
-        fit in ``room``; one at least when ``room`` is the whole batch, so a large ``n`` runs."""
+        fit in ``room``; one at least when the engine is empty (``room`` is the whole ``batch``),
+        so a prompt whose ``n`` is larger than the batch still runs."""
         taken: list[tuple[Any, int]] = []
-        full = room
-        while self._waiting:
+        while self._waiting and room > 0:
             progressed = False
             for owner in list(self._waiting):
                 queue = self._waiting[owner]
                 need = size(*queue[0])
-                if need > room and not (room == full and not taken):
+                if need > room and not (room >= batch and not taken):
                     continue
                 taken.append(queue.popleft())
                 room -= need

@@ -132,7 +132,7 @@ class LiveEngine:
             self.share.drop(stub.future)
             self._abort(engine, stub.future, live)
         room = self.batch - sum(c.params[0].n for c in live.values())
-        for call, index in self.share.take(room, lambda c, i: c.params[i].n):
+        for call, index in self.share.take(room, self.batch, lambda c, i: c.params[i].n):
             if not call.future.done():
                 self._add(engine, call, index, live)
         if not engine.has_unfinished():
