@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from beam_cases import check_beams, hf_beams
-from engine_cases import chat_prompts, random_prompts
+from beam_cases import beam_params, check_beams, hf_beams
+from engine_cases import chat_prompts, hf_greedy, random_prompts
 from family_models import FAMILIES, build_family
 
 from engine import LLM, SamplingParams
@@ -120,3 +120,18 @@ def test_beams_of_a_300_token_prompt_hold_its_blocks_once(tiny_model_dir, k):
     assert used[:-1] == [18 + k] * 3 and used[-1] == 0
     assert llm.stats()["kv_blocks_peak_used"] == 18 + k
     assert [len(c.token_ids) for c in out[0].outputs] == [4] * k
+
+
+def test_beams_batch_with_other_requests_under_async_scheduling(tiny_model_dir):
+    """Beam requests and greedy ones in the same steps of an engine that overlaps steps: the
+    beams are HF's, the greedy requests' tokens are HF's too (steps with beams run unoverlapped)."""
+    prompts = [p[:30] for p in random_prompts(3, seed=8)[1:]]
+    refs = hf_beams(tiny_model_dir, prompts, 8, [2])
+    greedy = random_prompts(4, seed=9)[:2]
+    llm = LLM(str(tiny_model_dir), num_kv_blocks=128, async_scheduling=True)
+    params = beam_params(8)
+    outs = llm.generate([p for p in prompts for _ in params] + greedy,
+                        params * len(prompts) + [SamplingParams(max_tokens=16, temperature=0)] * len(greedy))  # overlapped once the beams end
+    for out, ref in zip(outs, refs, strict=False):
+        assert [c.token_ids for c in out.outputs] == [r["token_ids"] for r in ref]
+    assert [o.token_ids for o in outs[len(refs):]] == hf_greedy(tiny_model_dir, greedy, 16)
