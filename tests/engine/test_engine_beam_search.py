@@ -16,7 +16,7 @@ from engine.sequence import Sequence
 CONFIGS = {
     "prefix-caching-on": dict(enable_prefix_caching=True),
     "prefix-caching-off": dict(enable_prefix_caching=False),
-    "preemption": dict(num_kv_blocks=16, max_num_batched_tokens=64),
+    "preemption": dict(num_kv_blocks=10, max_num_batched_tokens=64),
 }
 
 
@@ -56,11 +56,11 @@ def test_family_beams_match_hf(kind, tmp_path, default_model_dir):
     """Small random models of each family (sliding windows, longrope, MoE): the same beams as HF,
     with prefix sharing, without, or preempted in a pool too small for all beams."""
     model_dir = build_family(kind, tmp_path / kind, default_model_dir)
-    prompts = [p[:44] for p in random_prompts(3, seed=6)[1:]]  # longer than the window (20)
-    refs = hf_beams(model_dir, prompts, 10, [2])
+    prompts = [random_prompts(2, seed=6)[1][:44]]  # longer than the window (20)
+    refs = hf_beams(model_dir, prompts, 8, [2])
     name = FAMILY_CONFIGS[kind]
     llm = LLM(str(model_dir), **(dict(num_kv_blocks=128) | CONFIGS[name]))
-    check_beams(llm, prompts, refs, 10, f"{kind} {name}")
+    check_beams(llm, prompts, refs, 8, f"{kind} {name}")
     check_engine(llm, name)
 
 def _group(k: int, max_new_tokens: int = 10, early_stopping: bool | str = False) -> BeamGroup:
