@@ -9,6 +9,7 @@ from engine_cases import chat_prompts, hf_greedy, random_prompts
 from family_models import FAMILIES, build_family
 
 from engine import LLM, SamplingParams
+from engine.beam_requests import BeamRequests
 from engine.beam_search import BeamGroup
 from engine.sequence import Sequence
 
@@ -135,3 +136,25 @@ def test_beams_batch_with_other_requests_under_async_scheduling(tiny_model_dir):
     for out, ref in zip(outs, refs, strict=False):
         assert [c.token_ids for c in out.outputs] == [r["token_ids"] for r in ref]
     assert [o.token_ids for o in outs[len(refs):]] == hf_greedy(tiny_model_dir, greedy, 16)
+
+
+def test_beams_waiting_for_a_preempted_sibling_give_up_their_blocks(tiny_model_dir, monkeypatch):
+    """8 beams in a 12-block pool without prefix caching: a preempted beam cannot come back while
+    its siblings, whose candidates are in, hold the pool. They are parked (KV freed, candidates
+    kept) and the search ends with HF's beams; without that the engine steps on, running nothing."""
+    parked = []
+    park_idle = BeamRequests.park_idle
+    monkeypatch.setattr(BeamRequests, "park_idle", lambda self: parked.append(park_idle(self)) or parked[-1])
+    prompt = random_prompts(3, seed=6)[1][:40]
+    refs = hf_beams(tiny_model_dir, [prompt], 16, [2], [(8, 1.0, False)])
+    llm = LLM(str(tiny_model_dir), num_kv_blocks=12, max_num_batched_tokens=64, enable_prefix_caching=False)
+    engine = llm.engine
+    engine.add_request("r", prompt, SamplingParams(beam_width=8, n=8, max_tokens=16))
+    outs = []
+    for _ in range(200):  # about 45 steps
+        if not engine.has_unfinished():
+            break
+        outs += engine.step()
+    assert not engine.has_unfinished() and any(parked)
+    assert [c.token_ids for c in outs[0].outputs] == [r["token_ids"] for r in refs[0]]
+    assert llm.stats()["kv_blocks_used_now"] == 0
