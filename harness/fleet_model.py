@@ -20,7 +20,7 @@ from lm_eval.api.model import TemplateLM
 from engine import SamplingParams
 from harness.fleet_job import FleetSettings, JobRun, job_spec, read_results, run_job
 from harness.model import TokenmillLM, engine_settings
-from pipeline.token_requests import ROW_SAMPLING
+from pipeline.token_requests import ROW_BEAM_SEARCH, ROW_SAMPLING
 
 log = logging.getLogger("lm_eval.models.tokenmill")
 
@@ -78,8 +78,7 @@ class FleetLM(TokenmillLM):
         return [(float(r["logprob"]), bool(r["is_greedy"])) for r in self._run("loglikelihood", rows, disable_tqdm)]
 
     def _generate(self, prompts: list[list[int]], params: list[SamplingParams], disable_tqdm: bool) -> list[str]:
-        rows = [{"prompt": p, "sampling": {k: v for k, v in s.to_dict().items() if k in ROW_SAMPLING}}
-                for p, s in zip(prompts, params, strict=True)]
+        rows = [{"prompt": p, "sampling": _row_sampling(s)} for p, s in zip(prompts, params, strict=True)]
         return [r["output"] or "" for r in self._run("generate_until", rows, disable_tqdm)]
 
     def _run(self, what: str, requests: list[dict[str, Any]], disable_tqdm: bool) -> list[dict[str, Any]]:
@@ -107,3 +106,14 @@ class FleetLM(TokenmillLM):
 
 def _key(request: dict[str, Any]) -> str:
     return json.dumps(request, sort_keys=True, separators=(",", ":"))
+
+
+def _row_sampling(params: SamplingParams) -> dict[str, Any]:
+    """A row's own settings; the beam-search ones only when set, so rows without beams (and the
+    parts already computed from them) stay as they were."""
+    values = params.to_dict()
+    return {k: v for k, v in values.items()
+            if k in ROW_SAMPLING and not (k in ROW_BEAM_SEARCH and v == _PLAIN[k])}
+
+
+_PLAIN = SamplingParams().to_dict()

@@ -231,6 +231,8 @@ class TokenmillLM(TemplateLM):
             prompts.append(self.tok_encode(context)[-(self.max_length - max_gen_toks):])
             # The engine takes a few stop strings; the rest are cut afterwards (the text is the same).
             engine_stops = [s for s in until if s and len(s) <= MAX_STOP_LENGTH][:MAX_STOP]
+            if "beam_width" in kwargs:  # beam search takes no stop strings: the text is cut below
+                engine_stops = []
             params.append(SamplingParams(max_tokens=max_gen_toks, stop=engine_stops, **kwargs))
             stops.append(until)
         texts = self._generate(prompts, params, disable_tqdm)

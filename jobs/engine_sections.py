@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, get_type_hints
 
-from pydantic import Field, ValidationInfo, create_model, field_validator
+from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
 
 from engine.config import EngineConfig
 from engine.hub_models import is_hub_id
@@ -42,7 +42,12 @@ SAMPLING_BOUNDS: dict[str, dict[str, Any]] = {
     "max_tokens": {"ge": 1}, "temperature": {"ge": 0}, "top_p": {"gt": 0, "le": 1}, "top_k": {"ge": -1},
     "n": {"ge": 1, "le": MAX_N, "description": "samples per row (kinds generate and evaluate): a list column"},
     "stop": {"max_length": MAX_STOP},
+    "beam_width": {"ge": 1, "le": MAX_N, "description": "beam search with this many beams; the row gets the best "
+                   "(n: the n best)"},
 }
+SAMPLING_CHOICES: dict[str, Any] = {"early_stopping": bool | Literal["never"]}
+# Left out of a plan at their defaults, so plans from before they existed keep their fingerprints.
+PLAN_DEFAULTS: dict[str, Any] = {"n": 1, "beam_width": None, "length_penalty": 1.0, "early_stopping": False}
 
 
 class _ModelTable(Section):
@@ -84,8 +89,17 @@ class _SamplingTable(Section):
     """``engine.SamplingParams`` fields. Batch jobs default to greedy decoding (reproducible)."""
 
     def plan_values(self) -> dict[str, Any]:
-        """SamplingParams fields for the plan; ``n`` only when set, so older plans keep their fingerprints."""
-        return self.model_dump(exclude={"n"} if self.n == 1 else None)
+        """SamplingParams fields for the plan; ``n`` and the beam settings only when set, so older
+        plans keep their fingerprints."""
+        values = self.model_dump()
+        return {k: v for k, v in values.items() if k not in PLAN_DEFAULTS or v != PLAN_DEFAULTS[k]}
+
+    @model_validator(mode="after")
+    def _beam_search(self) -> _SamplingTable:
+        """Beam search's checks across keys (n, stop) at load time, not as a row error on a worker."""
+        if getattr(self, "beam_width", None) is not None:
+            SamplingParams(**self.plan_values())
+        return self
 
     @field_validator("stop", mode="before", check_fields=False)
     @classmethod
@@ -123,7 +137,7 @@ def _sampling_fields() -> dict[str, Any]:
             default = Field(default_factory=f.default_factory, **checks)
         else:
             default = Field(f.default, **checks)
-        out[f.name] = (hints[f.name], default)
+        out[f.name] = (SAMPLING_CHOICES.get(f.name, hints[f.name]), default)
     return out
 
 

@@ -10,7 +10,8 @@ fingerprint (and the parts already written from it) survive a re-run.
 
 Sampling is per request: each row carries its line's settings (``temperature``, ``top_p``,
 ``max_tokens`` / ``max_completion_tokens``, ``seed``, ``stop``, ``n``, ``logprobs`` /
-``top_logprobs``, ``response_format``) as ``sampling``, applied over the spec's
+``top_logprobs``, ``response_format``, and vLLM's ``use_beam_search`` / ``best_of`` /
+``length_penalty`` / ``early_stopping``) as ``sampling``, applied over the spec's
 ``[sampling]``; a line's bad value fails the file up front like any other bad line.
 """
 
@@ -34,8 +35,9 @@ COMPLETION_URLS = ("/v1/completions", "/completions")  # a raw prompt, no chat t
 MAX_REPORTED_ERRORS = 10
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 SAMPLING_FIELD = "sampling"
+_BEAM_KEYS = ("use_beam_search", "best_of", "length_penalty", "early_stopping")  # vLLM's server's
 _SAMPLING_KEYS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "logprobs",
-                  "top_logprobs", "response_format")
+                  "top_logprobs", "response_format", *_BEAM_KEYS)
 # Body keys that change nothing here and are accepted silently.
 _IGNORED = {"model", "user", "metadata", "store", "stream", "service_tier"}
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
@@ -118,6 +120,22 @@ def _logprobs(body: dict[str, Any]) -> int | None:
     return top or 0
 
 
+def _beam_search(body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's beam-search keys: ``use_beam_search`` searches with ``best_of`` beams (default
+    ``n``) and returns the ``n`` best; ``length_penalty`` and ``early_stopping`` as in HF."""
+    if not body.get("use_beam_search"):
+        given = [k for k in _BEAM_KEYS[1:] if body.get(k) is not None]
+        if given:
+            raise ValueError(f"body.{given[0]} needs body.use_beam_search = true")
+        return {}
+    width = body.get("best_of") if body.get("best_of") is not None else body.get("n") or 1
+    values = {"beam_width": width}
+    for key in _BEAM_KEYS[2:]:
+        if body.get(key) is not None:
+            values[key] = body[key]
+    return values
+
+
 def _sampling(body: dict[str, Any]) -> dict[str, Any]:
     if body.get("stream"):
         raise ValueError("body.stream: streaming is not available in a batch")
@@ -135,6 +153,7 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
         values["stop"] = [stop] if isinstance(stop, str) else list(stop)
     if body.get("n") is not None:
         values["n"] = body["n"]
+    values.update(_beam_search(body))
     logprobs = _logprobs(body)
     if logprobs is not None:
         values["logprobs"] = logprobs

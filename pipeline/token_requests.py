@@ -29,8 +29,10 @@ COLUMNS = {"logprob": "float64", "is_greedy": "bool"}
 # What a generated row may set for itself: what lm-evaluation-harness's generate_until passes.
 # Not n, logprobs, prompt logprobs or a grammar: they cost far more than a row and no harness
 # request asks for them (a spec of this kind arriving over HTTP must not reach them either).
+# Beam search is generate_until's num_beams (harness/gen_kwargs.py).
+ROW_BEAM_SEARCH = frozenset({"beam_width", "length_penalty", "early_stopping"})
 ROW_SAMPLING = frozenset({"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
-                          "ignore_eos"})
+                          "ignore_eos"}) | ROW_BEAM_SEARCH
 _DEFAULTS = SamplingParams().to_dict()  # a field left at its default asks for nothing more
 
 

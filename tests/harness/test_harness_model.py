@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from beam_cases import hf_beams
 from harness_support import TASKS, evaluate, metrics, responses, write_tasks
 from hf_reference_cache import cached_reference
 
@@ -18,6 +19,7 @@ pytest.importorskip("lm_eval")
 
 from lm_eval.api.registry import Registry, get_model  # noqa: E402
 
+from engine import SamplingParams  # noqa: E402
 from harness.model import TokenmillLM  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,5 +140,10 @@ def test_chat_template_and_generation_settings_on_a_small_model(tiny_model_dir, 
     many = ["q1", "q2", "q3", "q4", greedy[4:6]]  # the fifth string is the one that occurs
     cut = lm.generate_until([ask(max_gen_toks=12, until=many)])[0]
     assert cut == greedy[: greedy.index(greedy[4:6])]
-    with pytest.raises(ValueError, match="num_beams"):
-        lm.generate_until([ask(num_beams=4)])
+    beam = lm.generate_until([ask(num_beams=4, max_gen_toks=8, until=["zzz"])])[0]  # the best of 4 beams
+    prompt = lm.tok_encode("Once upon a time")
+    best = lm.llm.generate([prompt], SamplingParams(beam_width=4, max_tokens=8))[0]
+    assert beam == best.text
+    assert best.token_ids == hf_beams(tiny_model_dir, [prompt], 8, [2], [(4, 1.0, False)])[0][0]["token_ids"]
+    with pytest.raises(ValueError, match="num_beams with do_sample"):
+        lm.generate_until([ask(num_beams=4, do_sample=True, temperature=1.0)])
