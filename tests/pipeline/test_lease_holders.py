@@ -23,7 +23,7 @@ from test_checkpoints import Where
 from typer.testing import CliRunner
 
 from connectors import Lease, OutputLeased, acquire_lease, read_lease
-from connectors.lease import lease_url
+from connectors.lease import lease_url, pid_space
 from connectors.manifest import write_bytes
 from jobs.cli import app
 from pipeline.fleet import cancel_job, job_status, submit_job
@@ -47,9 +47,10 @@ def _plan(where: Where, model_dir: Path, job_id: str = "rerun"):
     return make_plan(where.input_url, where.output_url, model_dir, job_id=job_id, storage_options=where.options)
 
 
-def _leave_lease(plan, host: str, pid: int) -> None:
+def _leave_lease(plan, host: str, pid: int, space: str | None = None) -> None:
     """A fresh lease as a run killed with SIGKILL leaves it (heartbeat now, not released)."""
-    lease = Lease("crashed-run", f"embedded run on {host} pid {pid}", time.time(), 120.0, host, pid)
+    lease = Lease("crashed-run", f"embedded run on {host} pid {pid}", time.time(), 120.0, host, pid,
+                  space or pid_space())
     write_bytes(lease_url(plan.output_url), lease.to_bytes(), plan.output_options)
 
 
@@ -81,6 +82,11 @@ def test_a_lease_of_a_live_process_or_another_host_is_refused(where: Where, tiny
     elsewhere = _gone_pid()
     _leave_lease(plan, "elsewhere", elsewhere)  # a pid says nothing about another host
     with pytest.raises(OutputLeased, match=r"held by run crashed-run \(embedded run on elsewhere"):
+        run_embedded(plan, progress=False)
+    # this host's name, but another container's pid namespace (or an earlier boot): its live
+    # pid cannot be seen from here, so a missing pid says nothing either
+    _leave_lease(plan, socket.gethostname(), elsewhere, "another-boot/pid:[1]")
+    with pytest.raises(OutputLeased, match="held by run crashed-run"):
         run_embedded(plan, progress=False)
 
 
