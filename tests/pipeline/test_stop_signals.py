@@ -113,6 +113,35 @@ def test_sigterm_to_tokenmill_run_mid_shard_then_the_rerun_resumes(tmp_path: Pat
     assert shard["rows"] == 96 and shard["rows_resumed"] == saved  # only the rows after it computed
 
 
+def test_a_run_after_the_handled_block_or_on_another_thread_is_not_stopped_by_an_old_signal() -> None:
+    """The Python API after a Ctrl-C (caught), then from a worker thread: nothing installed there,
+    no crash, and the earlier signal stops nothing."""
+    import threading
+
+    from pipeline.stop_signals import stoppable_run
+
+    handlers = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)]
+    with stoppable_run() as first:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert first.signal_name == "SIGINT"
+    assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)] == handlers
+    seen: list[object] = []
+
+    def on_thread() -> None:
+        try:
+            with stoppable_run() as later:
+                seen.append(later.requested)
+        except BaseException as exc:  # noqa: BLE001  (what the thread met is the result)
+            seen.append(exc)
+
+    thread = threading.Thread(target=on_thread)
+    thread.start()
+    thread.join()
+    with stoppable_run() as again:
+        seen.append(again.requested)
+    assert seen == [False, False]
+
+
 def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
     script = ("import os, signal, time\n"
               "from pipeline.stop_signals import stoppable_run\n"
