@@ -56,16 +56,24 @@ class Lease:
 
     def holder_gone(self) -> bool:
         """Its process was in this pid space and exists no more (a pid reused since reads as alive)."""
+        return self._holder_here() is False
+
+    def holder_alive_here(self) -> bool:
+        """Its process is in this pid space and exists (another process than this one)."""
+        return self._holder_here() is True
+
+    def _holder_here(self) -> bool | None:
+        """Whether its process exists, if it was in this pid space (not this process); else None."""
         if (self.pid is None or self.pid_space is None or self.host != socket.gethostname()
                 or self.pid_space != pid_space() or self.pid == os.getpid()):
-            return False
+            return None
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
-            return True
-        except OSError:  # EPERM: alive, another user's
             return False
-        return False
+        except OSError:  # EPERM: alive, another user's
+            return True
+        return True
 
     def to_bytes(self) -> bytes:
         when = datetime.fromtimestamp(self.heartbeat, UTC).isoformat(timespec="seconds")

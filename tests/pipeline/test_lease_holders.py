@@ -99,6 +99,15 @@ def test_cancel_release_of_a_spec_frees_its_output(tmp_path: Path, tiny_model_di
     spec.write_text('name = "r"\n[input]\nurl = "in/"\nid_field = "id"\n[output]\nurl = "out/"\n')
     refused = CliRunner().invoke(app, ["cancel", str(spec)])
     assert refused.exit_code == 1 and "a spec is cancelled only with --release" in refused.output
+    alive = os.getppid()
+    _leave_lease(plan, socket.gethostname(), alive)  # a run alive on this host is not released
+    refused = CliRunner().invoke(app, ["cancel", str(spec), "--release"])
+    assert refused.exit_code == 1
+    assert refused.output.strip() == (
+        f"run crashed-run holding {where.output_url}/ is alive on this host (pid {alive}): stop it "
+        "(SIGTERM checkpoints it) instead of releasing its lease")
+    assert read_lease(plan.output_url).run_id == "crashed-run"
+    _leave_lease(plan, "elsewhere", 4242)
     out = CliRunner().invoke(app, ["cancel", str(spec), "--release"])
     assert out.exit_code == 0, out.output
     assert out.output.strip() == (f"released the lease on {where.output_url}/ held by run crashed-run "
