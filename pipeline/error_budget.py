@@ -79,4 +79,6 @@ def apply_error_budget(plan: JobPlan, manifest: dict[str, Any]) -> None:
     if top is not None:
         message += f"; commonest error ({top[1]} row{'s' if top[1] != 1 else ''}): {top[0]}"
     log.error("job %s failed: %s", plan.job_id, message)
+    if manifest.get("error"):  # what publishing found already (stale parts, a replaced part) stays
+        message = f"{manifest['error']}; {message}"
     manifest["status"], manifest["success_marker"], manifest["error"] = JobStatus.FAILED.value, False, message
