@@ -80,8 +80,10 @@ def _run(plan: JobPlan, progress: bool, cross_shard: bool, engine: LLMEngine | N
                 outcomes.append(outcome)
         stopped = sum(o.state == ShardState.CANCELLED for o in outcomes)
         if stop.requested and stopped:  # (a signal after the last shard finished lets the run complete)
-            exc = interrupted(stop, f"run {plan.job_id} stopped {stopped} unfinished shards (their finished rows "
-                                    "checkpointed) and wrote no manifest; run it again to resume")
+            kept = ("their finished rows checkpointed" if plan.checkpoints
+                    else "checkpoints are off: their finished rows are lost")
+            exc = interrupted(stop, f"run {plan.job_id} stopped {stopped} unfinished shards ({kept}) and wrote "
+                                    "no manifest; run it again to resume")
             log.warning("%s", exc)
             raise exc
         elapsed = time.perf_counter() - t0

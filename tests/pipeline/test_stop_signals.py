@@ -83,6 +83,24 @@ def test_a_signal_checkpoints_the_finished_rows_and_the_rerun_starts_after_them(
     assert read_parts(plan.output_url, plan.output_options).column("id").to_pylist() == [f"d{i}" for i in range(64)]
 
 
+def test_a_signal_with_checkpoints_off_says_the_rows_are_lost(tmp_path: Path, tiny_model_dir: Path) -> None:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in/docs.jsonl").write_bytes(jsonl_bytes(_docs(32)))
+    plan = make_plan(str(tmp_path / "in"), str(tmp_path / "out"), tiny_model_dir, checkpoint_rows=0,
+                     checkpoint_seconds=0.0)
+
+    def signal_at_8(p: ShardOutcome) -> None:
+        if p.counts.rows >= 8:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(RunInterrupted) as stopped:
+        run_embedded(plan, progress=False, on_progress=signal_at_8)
+    assert str(stopped.value) == ("interrupted by SIGTERM: run test-job stopped 1 unfinished shards (checkpoints "
+                                  "are off: their finished rows are lost) and wrote no manifest; run it again "
+                                  "to resume")
+    assert not (tmp_path / "out/_checkpoints").exists()
+
+
 def test_sigterm_to_tokenmill_run_mid_shard_then_the_rerun_resumes(tmp_path: Path, tiny_model_dir: Path) -> None:
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs/a.jsonl").write_bytes(jsonl_bytes(_docs(96)))
