@@ -2,13 +2,16 @@
 
 Two runs on one output (two submits of a spec, a changed spec, ``tokenmill run`` beside a
 fleet job) would mix their parts, and either could write the manifest and ``_SUCCESS``. A
-run first takes the lease: ``{"run_id", "holder", "heartbeat", "ttl_s", "host", "pid"}``.
+run first takes the lease: ``{"run_id", "holder", "heartbeat", "ttl_s", "host", "pid", "pid_space"}``.
 While another run's heartbeat is younger than its ``ttl_s`` the output is refused
 (``OutputLeased`` names that run); a lease whose heartbeat is older is stale (its run died)
-and is taken over. ``host`` and ``pid`` are set when the run lives in one process (an
-embedded run, a finalizer publishing): a lease of this host whose pid is gone is taken over
-at once (``holder_gone``), without waiting for ``ttl_s``. A fleet job's lease has no pid: the
-process that submitted it exits at once, and its workers renew it.
+and is taken over. ``host``, ``pid`` and ``pid_space`` are set when the run lives in one
+process (an embedded run, a finalizer publishing): a lease whose pid is gone from this very
+pid space is taken over at once (``holder_gone``), without waiting for ``ttl_s``. The pid
+space is the boot and the pid namespace (``/proc``), not the host name alone: two containers
+or ``hostNetwork`` pods can share a host name, and the other's live pid is invisible here. A
+fleet job's lease has no pid: the process that submitted it exits at once, and its workers
+renew it.
 
 Taking is an exclusive create (``open(..., "xb")``: ``If-None-Match: *`` on S3, ``O_EXCL``
 locally), then a read-back of the run id, for stores that ignore the condition. Taking over
@@ -46,21 +49,31 @@ class Lease:
     ttl_s: float
     host: str | None = None  # with pid: the one process that holds it (none for a fleet job)
     pid: int | None = None
+    pid_space: str | None = None  # where pid means that process: boot id and pid namespace
 
     def is_stale(self, now: float) -> bool:
         return now - self.heartbeat > self.ttl_s
 
     def holder_gone(self) -> bool:
-        """Its process was on this host and exists no more (a pid reused since reads as alive)."""
-        if self.pid is None or self.host != socket.gethostname() or self.pid == os.getpid():
-            return False
+        """Its process was in this pid space and exists no more (a pid reused since reads as alive)."""
+        return self._holder_here() is False
+
+    def holder_alive_here(self) -> bool:
+        """Its process is in this pid space and exists (another process than this one)."""
+        return self._holder_here() is True
+
+    def _holder_here(self) -> bool | None:
+        """Whether its process exists, if it was in this pid space (not this process); else None."""
+        if (self.pid is None or self.pid_space is None or self.host != socket.gethostname()
+                or self.pid_space != pid_space() or self.pid == os.getpid()):
+            return None
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
-            return True
-        except OSError:  # EPERM: alive, another user's
             return False
-        return False
+        except OSError:  # EPERM: alive, another user's
+            return True
+        return True
 
     def to_bytes(self) -> bytes:
         when = datetime.fromtimestamp(self.heartbeat, UTC).isoformat(timespec="seconds")
@@ -85,6 +98,17 @@ def lease_url(output_url: str) -> str:
     return join_url(output_url, LEASE_NAME)
 
 
+def pid_space() -> str | None:
+    """This process's pid space: the boot id and pid namespace (Linux); None where ``/proc``
+    cannot say, so no pid there is taken for gone."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
 def read_lease(output_url: str, storage_options: dict | None = None) -> Lease | None:
     """The lease on the output, or None if there is none (an unreadable one counts as stale)."""
     data = read_optional_bytes(lease_url(output_url), storage_options)
@@ -94,7 +118,7 @@ def read_lease(output_url: str, storage_options: dict | None = None) -> Lease | 
         raw = json.loads(data)
         pid = raw.get("pid")
         return Lease(str(raw["run_id"]), str(raw["holder"]), float(raw["heartbeat"]), float(raw["ttl_s"]),
-                     raw.get("host"), None if pid is None else int(pid))
+                     raw.get("host"), None if pid is None else int(pid), raw.get("pid_space"))
     except (ValueError, KeyError, TypeError):
         return Lease("?", "unreadable lease", 0.0, 0.0)
 
@@ -138,7 +162,7 @@ def acquire_lease(
     over. ``this_process``: the lease names this host and pid (the run lives in this process)."""
     for _ in range(3):
         t = time.time() if now is None else now
-        where = (socket.gethostname(), os.getpid()) if this_process else (None, None)
+        where = (socket.gethostname(), os.getpid(), pid_space()) if this_process else (None, None, None)
         lease = Lease(run_id, holder, t, ttl_s, *where)
         if _create(output_url, lease, storage_options):
             held = read_lease(output_url, storage_options)
@@ -173,7 +197,8 @@ def renew_lease(output_url: str, run_id: str, storage_options: dict | None = Non
                 now: float | None = None) -> None:
     """A heartbeat: rewrite the lease with the time now, if ``run_id`` still holds it."""
     held = check_lease(output_url, run_id, storage_options)
-    lease = Lease(run_id, held.holder, time.time() if now is None else now, held.ttl_s, held.host, held.pid)
+    lease = Lease(run_id, held.holder, time.time() if now is None else now, held.ttl_s, held.host, held.pid,
+                  held.pid_space)
     write_bytes(lease_url(output_url), lease.to_bytes(), storage_options)
 
 

@@ -107,15 +107,22 @@ def read_part_head(
     return with_retries(read, what=f"read {url}")
 
 
-def list_part_sizes(output_url: str, storage_options: dict | None = None) -> dict[str, int]:
+def list_part_sizes(output_url: str, storage_options: dict | None = None, *,
+                    with_lines: bool = False) -> dict[str, int]:
     """Every ``part-<id>.parquet`` under the output, by part id, with its size in bytes: whatever
-    run wrote it (for reads of a whole output that must stay bounded)."""
+    run wrote it (for reads of a whole output that must stay bounded). ``with_lines``: plus the
+    size of its ``part-<id>.jsonl`` lines, where there are any (they are read too)."""
     fs, base = filesystem_for(output_url, storage_options)
     fs.invalidate_cache()
-    pattern = posixpath.join(base.rstrip("/"), "part-*.parquet")
+    pattern = posixpath.join(base.rstrip("/"), "part-*")
     try:
         found = with_retries(lambda: fs.glob(pattern, detail=True), what=f"list parts of {output_url}")
     except FileNotFoundError:
         return {}
-    return {part_id_of(posixpath.basename(p)): int(info.get("size") or 0) for p, info in found.items()
-            if info.get("type", "file") == "file"}
+    files = {posixpath.basename(p): int(info.get("size") or 0) for p, info in found.items()
+             if info.get("type", "file") == "file"}
+    sizes = {part_id_of(name): size for name, size in files.items() if name.endswith(".parquet")}
+    if with_lines:
+        for part in sizes:
+            sizes[part] += files.get(f"part-{part}.jsonl", 0)
+    return sizes

@@ -144,11 +144,15 @@ def cancel(
     if Path(job).suffix.lower() in (".toml", ".yaml", ".yml") and Path(job).is_file():
         if not release:
             fail("a spec is cancelled only with --release (it releases its output's lease); cancel a job by its id")
-        from connectors import public_url, release_lease
+        from connectors import public_url, read_lease, release_lease
 
         plan = plan_or_exit(load_spec(Path(job)), "release", read_only=True)
-        held = release_lease(plan.output_url, None, plan.output_options)
         where = public_url(plan.output_url)
+        live = read_lease(plan.output_url, plan.output_options)
+        if live is not None and live.holder_alive_here():  # not dead: releasing would make two writers
+            fail(f"run {live.run_id} holding {where} is alive on this host (pid {live.pid}): stop it "
+                 "(SIGTERM checkpoints it) instead of releasing its lease")
+        held = release_lease(plan.output_url, None, plan.output_options)
         console.print(f"released the lease on {where} held by run {held.run_id} ({held.holder})" if held
                       else f"no lease on {where}", soft_wrap=True, markup=False, highlight=False)
         return

@@ -44,8 +44,9 @@ def _rows(totals: dict[str, Any]) -> str:
     if "rows_computed" not in totals:
         return f"{totals['rows']:,}"
     return (f"{totals['rows']:,} ({totals['rows_computed']:,} computed, {totals['rows_resumed']:,} resumed from a "
-            f"checkpoint, {totals['rows_reused']:,} reused from the previous part, {totals['rows_shared']:,} shared "
-            f"with an identical row, {totals['rows_current']:,} in parts already current)")
+            f"checkpoint, {totals['rows_reused']:,} reused from the previous run's parts, "
+            f"{totals['rows_shared']:,} shared with an identical row, {totals['rows_current']:,} in parts already "
+            "current)")
 
 
 def run_summary(manifest: dict[str, Any]) -> Table:

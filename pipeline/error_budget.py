@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 _ROW_PREFIX = re.compile(r"^row \d+: ")
 _NUMBER = re.compile(r"\d+")
+EXAMPLE_CHARS = 300  # the summary is one line: a long error is cut
 
 
 def over_budget(plan: JobPlan, rows: int, errors: int) -> bool:
@@ -43,16 +44,20 @@ def commonest_error(plan: JobPlan, manifest: dict[str, Any]) -> tuple[str, int] 
     except Exception as exc:  # the budget still fails the job; only the example is missing
         log.warning("cannot read the errors of %s: %s", plan.job_id, exc)
         return None
-    if table is None:
-        return None
+    return None if table is None else commonest(table.column("error").to_pylist())
+
+
+def commonest(errors: list[str | None]) -> tuple[str, int] | None:
+    """The error most rows share, row numbers and other figures aside (an example of it on one
+    line, at most ``EXAMPLE_CHARS``), and how many rows have it; None if no row erred."""
     counts: Counter[str] = Counter()
     example: dict[str, str] = {}
-    for error in table.column("error").to_pylist():
+    for error in errors:
         if error:
-            text = _ROW_PREFIX.sub("", error)
+            text = " ".join(_ROW_PREFIX.sub("", error).split())  # one line: a traceback's too
             key = _NUMBER.sub("#", text)
             counts[key] += 1
-            example.setdefault(key, text)
+            example.setdefault(key, text if len(text) <= EXAMPLE_CHARS else text[:EXAMPLE_CHARS - 3] + "...")
     if not counts:
         return None
     key, count = counts.most_common(1)[0]
@@ -70,8 +75,10 @@ def apply_error_budget(plan: JobPlan, manifest: dict[str, Any]) -> None:
     if plan.max_error_rows is not None:
         limit += f", max_error_rows {plan.max_error_rows}"
     message = f"{errors} of {rows} rows failed ({errors / rows:.0%}; over {limit})"
-    commonest = commonest_error(plan, manifest)
-    if commonest is not None:
-        message += f"; commonest error ({commonest[1]} row{'s' if commonest[1] != 1 else ''}): {commonest[0]}"
+    top = commonest_error(plan, manifest)
+    if top is not None:
+        message += f"; commonest error ({top[1]} row{'s' if top[1] != 1 else ''}): {top[0]}"
     log.error("job %s failed: %s", plan.job_id, message)
+    if manifest.get("error"):  # what publishing found already (stale parts, a replaced part) stays
+        message = f"{manifest['error']}; {message}"
     manifest["status"], manifest["success_marker"], manifest["error"] = JobStatus.FAILED.value, False, message

@@ -70,7 +70,7 @@ def _run(plan: JobPlan, progress: bool, cross_shard: bool, engine: LLMEngine | N
             engine_factory=lambda: rebuild_engine(plan.engine_settings), on_step=step_observer(plan),
             hand_back=lambda: stop.requested,  # a signal: checkpoint the open shards, as a draining worker does
         )
-        driver.stop_check_s = 0.0  # a flag and an Event: cheap to ask at every step
+        driver.stop_poll.interval_s = 0.0  # a flag and an Event: cheap to ask at every step
         outcomes: list[ShardOutcome] = []
         with RunProgress(len(shards), engine, enabled=progress) as bar:
             driver.on_progress = bar if on_progress is None else (lambda p: (bar(p), on_progress(p)))
@@ -80,8 +80,10 @@ def _run(plan: JobPlan, progress: bool, cross_shard: bool, engine: LLMEngine | N
                 outcomes.append(outcome)
         stopped = sum(o.state == ShardState.CANCELLED for o in outcomes)
         if stop.requested and stopped:  # (a signal after the last shard finished lets the run complete)
-            exc = interrupted(stop, f"run {plan.job_id} stopped {stopped} unfinished shards (their finished rows "
-                                    "checkpointed) and wrote no manifest; run it again to resume")
+            kept = ("their finished rows checkpointed" if plan.checkpoints
+                    else "checkpoints are off: their finished rows are lost")
+            exc = interrupted(stop, f"run {plan.job_id} stopped {stopped} unfinished shards ({kept}) and wrote "
+                                    "no manifest; run it again to resume")
             log.warning("%s", exc)
             raise exc
         elapsed = time.perf_counter() - t0

@@ -90,7 +90,7 @@ def load_output_rows(plan: JobPlan) -> PreviousRows | None:
     """Every committed row of every part of the output, by content key (see the docstring);
     None if there is none, nothing can be taken or the parts weigh over ``OUTPUT_ROWS_BYTES``."""
     columns = _columns(plan)
-    sizes = list_part_sizes(plan.output_url, plan.output_options)
+    sizes = list_part_sizes(plan.output_url, plan.output_options, with_lines=plan.openai_output)
     if sum(sizes.values()) > OUTPUT_ROWS_BYTES:
         log.info("the parts of %s weigh over %d MiB: rows are taken from their own shard's part only",
                  plan.output_url, OUTPUT_ROWS_BYTES >> 20)

@@ -47,6 +47,7 @@ from pipeline.shard_feed import ListFeed, ShardFeed
 from pipeline.shard_opening import OpenShard, ShardEnd, open_shard
 from pipeline.shard_outcome import ShardOutcome, ShardState
 from pipeline.shard_reports import ProgressCallback, ShardReports
+from pipeline.stop_poll import StopPoll
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +61,12 @@ HELD_ROWS = 2 * SPOOL_ROWS
 class ShardDriver:
     """``ShardDriver(engine, plan).run(shards)`` yields a ShardOutcome per shard as each ends.
 
-    ``cross_shard=False`` drains the engine between shards (for benchmarks: the behaviour
-    this class exists to avoid). ``should_stop`` is polled about once a second; when it
-    returns True the open shards are aborted and every shard not yet finished comes back
-    ``cancelled``. ``engine_factory`` builds a fresh engine after a step fault that was no
-    single request's (the shards it held fail, transiently). ``on_step`` (metrics) is called
-    with the engine and each step's seconds. ``hand_back`` is asked when a stop is requested:
-    True (the worker is shutting down, the shards go back to the queue) checkpoints every open
+    ``cross_shard=False`` drains the engine between shards (benchmarks only: what this class exists to
+    avoid). ``should_stop`` is polled about once a second; when it returns True the open shards are aborted
+    and every shard not yet finished comes back ``cancelled``. ``engine_factory`` builds a fresh engine
+    after a step fault that was no single request's (the shards it held fail, transiently). ``on_step``
+    (metrics) is called with the engine and each step's seconds. ``hand_back`` is asked when a stop is
+    requested: True (the worker is shutting down, the shards go back to the queue) checkpoints every open
     shard's finished rows before it is dropped, so whoever takes it next starts after them.
     """
 
@@ -86,11 +86,9 @@ class ShardDriver:
     ) -> None:
         validate_prompt(plan.prompt)
         self.plan, self.cross_shard = plan, cross_shard
-        self.should_stop, self.on_step = should_stop, on_step
-        self.engine_factory, self.hand_back = engine_factory, hand_back
+        self.engine_factory, self.hand_back, self.on_step = engine_factory, hand_back, on_step
         self.max_queued = max_queued or 2 * engine.config.max_num_seqs
-        self.max_held = self.max_queued + HELD_ROWS
-        self.read_batch = max(1, min(256, self.max_queued))
+        self.max_held, self.read_batch = self.max_queued + HELD_ROWS, max(1, min(256, self.max_queued))
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
         self.reports = ShardReports(on_progress, self.worker)
         self.schema = output_schema(plan)
@@ -98,7 +96,7 @@ class ShardDriver:
         self._use_engine(engine)
         self.results = ResultRows(plan, self.schema)
         self.sharing = RowSharing(plan, self.in_flight, self.results, self._complete)
-        self._last_stop_check, self.stop_check_s = 0.0, 1.0  # should_stop may ask Redis: not every step
+        self.stop_poll = StopPoll(should_stop)  # should_stop may ask Redis: not at every step
 
     @property
     def on_progress(self) -> ProgressCallback | None:
@@ -128,7 +126,7 @@ class ShardDriver:
         more = True
         try:
             while True:
-                if self._stop_requested():
+                if self.stop_poll():
                     yield from self._cancel_all(opened, feed)
                     return
                 while len(self.in_flight) < self.max_queued:
@@ -175,19 +173,6 @@ class ShardDriver:
             else:
                 yield self.reports.outcome(self.engine, shard.ref, ShardState.DONE, shard.started, shard.sink.counts,
                                            shard=shard)
-
-    def _stop_requested(self) -> bool:
-        if self.should_stop is None:
-            return False
-        now = time.monotonic()
-        if now - self._last_stop_check < self.stop_check_s:
-            return False
-        self._last_stop_check = now
-        try:
-            return bool(self.should_stop())
-        except Exception as exc:
-            log.warning("cancel check failed, carrying on: %s", exc)
-            return False
 
     def _cancel_all(self, opened: list[OpenShard], feed: ShardFeed) -> Iterator[ShardOutcome]:
         handing_back = self.hand_back is not None and self.hand_back()

@@ -72,7 +72,7 @@ def _handle(signum: int, frame: FrameType | None) -> None:
     if not _runs:
         raise RunInterrupted(signum, f"interrupted by {name}")
     log.warning("%s: stopping; the open shards' finished rows are checkpointed (send it again to exit at once)", name)
-    for run in _runs:
+    for run in list(_runs):  # a copy: a run on another thread may end meanwhile
         run.signum = signum
 
 
@@ -93,9 +93,10 @@ def handling_stop_signals() -> Iterator[None]:
     finally:
         _depth -= 1
         if _depth == 0:
-            for s, handler in _saved.items():
-                signal.signal(s, handler)  # type: ignore[arg-type]
+            for s, handler in _saved.items():  # None: set outside Python, not restorable
+                signal.signal(s, signal.SIG_DFL if handler is None else handler)  # type: ignore[arg-type]
             _saved.clear()
+            _received = None  # a run started later (on any thread) is not stopped by this signal
 
 
 @contextmanager

@@ -26,7 +26,6 @@ from fake_engine import FakeEngine
 from pipeline_support import jsonl_bytes, make_plan
 
 import pipeline.part_sink as part_sink
-import pipeline.shard_driver as shard_driver
 from connectors import ShardCheckpoint, filesystem_for, list_shards, read_parts
 from connectors.checkpoints import RECORD_NAME
 from connectors.parquet_sink import FINGERPRINT_KEY
@@ -228,17 +227,15 @@ def test_openai_lines_survive_a_resume(where: Where) -> None:
     assert [x["custom_id"] for x in lines] == ids
 
 
-def test_a_hand_back_checkpoints_every_finished_row_first(where: Where, monkeypatch) -> None:
+def test_a_hand_back_checkpoints_every_finished_row_first(where: Where) -> None:
     """The drain path: a stop with ``hand_back`` saves the finished prefix before dropping the shard."""
     _shard(where)
     plan = _plan(where, checkpoint_rows=1000)  # no checkpoint would come from the row count
-    clock = iter(range(0, 10**6, 2))  # every stop check is "a second later"
-    monkeypatch.setattr(shard_driver, "time", types.SimpleNamespace(
-        monotonic=lambda: next(clock), perf_counter=shard_driver.time.perf_counter))
     seen: list[ShardOutcome] = []
     engine = CountingEngine()
     driver = ShardDriver(engine, plan, on_progress=seen.append, hand_back=lambda: True,
                          should_stop=lambda: any(p.counts.rows >= 30 for p in seen))
+    driver.stop_poll.interval_s = 0.0  # asked at every step, not once a second
     (outcome,) = list(driver.run(list_shards(plan.input_url, storage_options=plan.storage_options)))
     assert outcome.state == ShardState.CANCELLED
     saved = _committed(plan)[-1][1]

@@ -18,6 +18,7 @@ from connectors import read_manifest, read_parts, success_marker_exists
 from jobs import JobSpec
 from jobs.cli import app
 from pipeline import tasks
+from pipeline.error_budget import EXAMPLE_CHARS, apply_error_budget, commonest
 from pipeline.job_runner import run_embedded
 from pipeline.plan import DEFAULT_MAX_ERROR_FRACTION
 from pipeline.publish import begin_output
@@ -56,6 +57,29 @@ def test_a_job_whose_rows_all_failed_is_failed_and_keeps_its_parts(where: Where,
     assert written["status"] == "failed" and written["error"] == manifest["error"]
     assert not success_marker_exists(plan.output_url, plan.output_options)
     assert read_parts(plan.output_url, plan.output_options).num_rows == 10  # kept for inspection
+
+
+def test_the_commonest_error_is_counted_figures_aside_and_shown_on_one_line() -> None:
+    """Not the first error: the one most rows share, whatever their row numbers and lengths."""
+    errors = ["row 0: missing text field 'text'", None,
+              "row 2: prompt of 900 tokens exceeds max_model_len 512",
+              "row 3: prompt of 1200 tokens exceeds max_model_len 512",
+              "row 4: template error\n  line 1\n    {{ x }}", "row 5: template error\n  line 1\n    {{ x }}",
+              "row 6: prompt of 700 tokens exceeds max_model_len 512"]
+    assert commonest(errors) == ("prompt of 900 tokens exceeds max_model_len 512", 3)
+    assert commonest(errors[4:6]) == ("template error line 1 {{ x }}", 2)  # one line
+    (text, count) = commonest([f"row {i}: " + "x" * 1000 for i in range(3)])
+    assert count == 3 and len(text) == EXAMPLE_CHARS and text.endswith("...")
+    assert commonest([None, ""]) is None
+
+
+def test_the_budget_keeps_an_error_publishing_found(tmp_path: Path, tiny_model_dir: Path) -> None:
+    plan = make_plan(str(tmp_path / "in"), str(tmp_path / "out"), tiny_model_dir)
+    manifest = {"status": "succeeded", "success_marker": False, "shards": [], "totals": {"rows": 10, "errors": 9},
+                "error": "cannot remove stale parts: OSError: denied"}
+    apply_error_budget(plan, manifest)
+    assert manifest["status"] == "failed" and manifest["error"] == (
+        "cannot remove stale parts: OSError: denied; 9 of 10 rows failed (90%; over max_error_fraction 0.5)")
 
 
 def test_the_budget_is_a_fraction_and_a_count(where: Where, tiny_model_dir: Path) -> None:

@@ -23,7 +23,7 @@ from test_checkpoints import Where
 from typer.testing import CliRunner
 
 from connectors import Lease, OutputLeased, acquire_lease, read_lease
-from connectors.lease import lease_url
+from connectors.lease import lease_url, pid_space
 from connectors.manifest import write_bytes
 from jobs.cli import app
 from pipeline.fleet import cancel_job, job_status, submit_job
@@ -47,9 +47,10 @@ def _plan(where: Where, model_dir: Path, job_id: str = "rerun"):
     return make_plan(where.input_url, where.output_url, model_dir, job_id=job_id, storage_options=where.options)
 
 
-def _leave_lease(plan, host: str, pid: int) -> None:
+def _leave_lease(plan, host: str, pid: int, space: str | None = None) -> None:
     """A fresh lease as a run killed with SIGKILL leaves it (heartbeat now, not released)."""
-    lease = Lease("crashed-run", f"embedded run on {host} pid {pid}", time.time(), 120.0, host, pid)
+    lease = Lease("crashed-run", f"embedded run on {host} pid {pid}", time.time(), 120.0, host, pid,
+                  space or pid_space())
     write_bytes(lease_url(plan.output_url), lease.to_bytes(), plan.output_options)
 
 
@@ -82,6 +83,11 @@ def test_a_lease_of_a_live_process_or_another_host_is_refused(where: Where, tiny
     _leave_lease(plan, "elsewhere", elsewhere)  # a pid says nothing about another host
     with pytest.raises(OutputLeased, match=r"held by run crashed-run \(embedded run on elsewhere"):
         run_embedded(plan, progress=False)
+    # this host's name, but another container's pid namespace (or an earlier boot): its live
+    # pid cannot be seen from here, so a missing pid says nothing either
+    _leave_lease(plan, socket.gethostname(), elsewhere, "another-boot/pid:[1]")
+    with pytest.raises(OutputLeased, match="held by run crashed-run"):
+        run_embedded(plan, progress=False)
 
 
 def test_cancel_release_of_a_spec_frees_its_output(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -93,6 +99,15 @@ def test_cancel_release_of_a_spec_frees_its_output(tmp_path: Path, tiny_model_di
     spec.write_text('name = "r"\n[input]\nurl = "in/"\nid_field = "id"\n[output]\nurl = "out/"\n')
     refused = CliRunner().invoke(app, ["cancel", str(spec)])
     assert refused.exit_code == 1 and "a spec is cancelled only with --release" in refused.output
+    alive = os.getppid()
+    _leave_lease(plan, socket.gethostname(), alive)  # a run alive on this host is not released
+    refused = CliRunner().invoke(app, ["cancel", str(spec), "--release"])
+    assert refused.exit_code == 1
+    assert refused.output.strip() == (
+        f"run crashed-run holding {where.output_url}/ is alive on this host (pid {alive}): stop it "
+        "(SIGTERM checkpoints it) instead of releasing its lease")
+    assert read_lease(plan.output_url).run_id == "crashed-run"
+    _leave_lease(plan, "elsewhere", 4242)
     out = CliRunner().invoke(app, ["cancel", str(spec), "--release"])
     assert out.exit_code == 0, out.output
     assert out.output.strip() == (f"released the lease on {where.output_url}/ held by run crashed-run "

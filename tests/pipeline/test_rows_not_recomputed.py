@@ -259,3 +259,30 @@ def test_a_rerun_of_an_openai_batch_takes_the_unchanged_rows_and_their_lines(tmp
 
     assert [without_created(x) for x in after[:-1]] == [without_created(x) for x in before]
     assert after[-1]["custom_id"] == "added" and after[-1]["response"]["body"]["choices"]
+
+
+def test_the_output_wide_lookup_is_bounded_by_the_parts_and_their_lines(tmp_path: Path, monkeypatch) -> None:
+    """Over ``OUTPUT_ROWS_BYTES`` the output's parts are not read whole (a moved row is then
+    computed); an OpenAI plan's ``.jsonl`` lines are read too, so they count."""
+    import dataclasses
+
+    from connectors import list_part_sizes
+    from pipeline import previous_rows
+
+    out = tmp_path / "out"
+    (out / "_tmp").mkdir(parents=True)
+    (out / "part-00000.parquet").write_bytes(b"x" * 10)
+    (out / "part-00000.jsonl").write_bytes(b"y" * 5)
+    (out / "part-00001.parquet").write_bytes(b"z" * 3)
+    (out / "_tmp/part-00002.parquet").write_bytes(b"w" * 100)  # a temporary: not a part
+    assert list_part_sizes(str(out)) == {"00000": 10, "00001": 3}
+    assert list_part_sizes(str(out), with_lines=True) == {"00000": 15, "00001": 3}
+
+    plan = make_plan(str(tmp_path / "in"), str(out), MODEL)
+    loaded: list[str] = []
+    monkeypatch.setattr(previous_rows, "_read", lambda plan, part, columns: loaded.append(part))
+    monkeypatch.setattr(previous_rows, "OUTPUT_ROWS_BYTES", 14)
+    assert previous_rows.load_output_rows(plan) is None and loaded == ["00000", "00001"]  # 13 bytes: read
+    loaded.clear()
+    lines = dataclasses.replace(plan, openai_output=True)
+    assert previous_rows.load_output_rows(lines) is None and loaded == []  # 18 bytes with the lines: not read

@@ -68,7 +68,7 @@ def test_status_and_summary_count_checkpointed_resumed_and_computed_rows(where: 
     table = run_summary(manifest)
     values = dict(zip(table.columns[0]._cells, table.columns[1]._cells, strict=True))
     assert values["rows"] == (f"{ROWS} ({computed} computed, {saved} resumed from a checkpoint, 0 reused from the "
-                              "previous part, 0 shared with an identical row, 0 in parts already current)")
+                              "previous run's parts, 0 shared with an identical row, 0 in parts already current)")
 
     again = run_embedded(plan, progress=False)  # every part current: nothing computed, no speed
     assert again["totals"]["rows_current"] == ROWS and again["totals"]["rows_computed"] == 0

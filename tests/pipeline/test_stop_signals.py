@@ -83,6 +83,24 @@ def test_a_signal_checkpoints_the_finished_rows_and_the_rerun_starts_after_them(
     assert read_parts(plan.output_url, plan.output_options).column("id").to_pylist() == [f"d{i}" for i in range(64)]
 
 
+def test_a_signal_with_checkpoints_off_says_the_rows_are_lost(tmp_path: Path, tiny_model_dir: Path) -> None:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in/docs.jsonl").write_bytes(jsonl_bytes(_docs(32)))
+    plan = make_plan(str(tmp_path / "in"), str(tmp_path / "out"), tiny_model_dir, checkpoint_rows=0,
+                     checkpoint_seconds=0.0)
+
+    def signal_at_8(p: ShardOutcome) -> None:
+        if p.counts.rows >= 8:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(RunInterrupted) as stopped:
+        run_embedded(plan, progress=False, on_progress=signal_at_8)
+    assert str(stopped.value) == ("interrupted by SIGTERM: run test-job stopped 1 unfinished shards (checkpoints "
+                                  "are off: their finished rows are lost) and wrote no manifest; run it again "
+                                  "to resume")
+    assert not (tmp_path / "out/_checkpoints").exists()
+
+
 def test_sigterm_to_tokenmill_run_mid_shard_then_the_rerun_resumes(tmp_path: Path, tiny_model_dir: Path) -> None:
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs/a.jsonl").write_bytes(jsonl_bytes(_docs(96)))
@@ -111,6 +129,35 @@ def test_sigterm_to_tokenmill_run_mid_shard_then_the_rerun_resumes(tmp_path: Pat
     assert again.exit_code == 0, again.output
     (shard,) = json.loads(again.output)["shards"]
     assert shard["rows"] == 96 and shard["rows_resumed"] == saved  # only the rows after it computed
+
+
+def test_a_run_after_the_handled_block_or_on_another_thread_is_not_stopped_by_an_old_signal() -> None:
+    """The Python API after a Ctrl-C (caught), then from a worker thread: nothing installed there,
+    no crash, and the earlier signal stops nothing."""
+    import threading
+
+    from pipeline.stop_signals import stoppable_run
+
+    handlers = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)]
+    with stoppable_run() as first:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert first.signal_name == "SIGINT"
+    assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)] == handlers
+    seen: list[object] = []
+
+    def on_thread() -> None:
+        try:
+            with stoppable_run() as later:
+                seen.append(later.requested)
+        except BaseException as exc:  # noqa: BLE001  (what the thread met is the result)
+            seen.append(exc)
+
+    thread = threading.Thread(target=on_thread)
+    thread.start()
+    thread.join()
+    with stoppable_run() as again:
+        seen.append(again.requested)
+    assert seen == [False, False]
 
 
 def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
