@@ -89,7 +89,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
     return out
 
 
-def _response_format(value: Any) -> dict[str, Any] | None:
+def response_format_output(value: Any) -> dict[str, Any] | None:
     """OpenAI's response_format as an engine structured_output (None for plain text)."""
     kind = value.get("type") if isinstance(value, dict) else None
     if kind == "text":
@@ -136,7 +136,7 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
     if logprobs is not None:
         values["logprobs"] = logprobs
     if body.get("response_format") is not None:
-        structured = _response_format(body["response_format"])
+        structured = response_format_output(body["response_format"])
         if structured is not None:
             values["structured_output"] = structured
     try:

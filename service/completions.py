@@ -22,12 +22,14 @@ from engine import RequestOutput, SamplingParams
 from engine.chat import chat_token_ids
 from pipeline.openai_output import logprobs_content
 from service.errors import APIError, bad_request
+from service.structured_replies import ToolReply, chat_constraint
 
 MAX_PROMPTS = 2048  # prompts in one request, as OpenAI's
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "user", "stream",
-          "presence_penalty", "frequency_penalty", "logit_bias"}
+          "stream_options", "presence_penalty", "frequency_penalty", "logit_bias"}
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
-CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", "response_format"}
+CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", "response_format", "tools",
+                        "tool_choice", "parallel_tool_calls"}
 
 
 @dataclass
@@ -41,19 +43,48 @@ class EngineAsk:
     logprobs: int | None = None  # completions: top alternatives per token; chat: top_logprobs
     keep_output: bool = True  # False for max_tokens 0: the sampled token is not part of the answer
     prompt_texts: list[str] | None = None
+    stream: bool = False  # answered as server-sent events (service.streaming)
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
+    tools: ToolReply | None = None  # chat with a forced tool call: the reply becomes tool_calls
 
 
 def _check_fields(body: dict[str, Any], allowed: set[str]) -> None:
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise bad_request(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0], "unknown_parameter")
-    if body.get("stream"):
-        raise bad_request("stream is not supported by this server; send stream: false", "stream", "unsupported_value")
     for name in ("presence_penalty", "frequency_penalty"):
         if body.get(name):
             raise bad_request(f"{name} is not supported by this server (only 0)", name, "unsupported_value")
     if body.get("logit_bias"):
         raise bad_request("logit_bias is not supported by this server", "logit_bias", "unsupported_value")
+
+
+def _stream(body: dict[str, Any]) -> tuple[bool, bool]:
+    """(stream, include_usage), checked as vLLM checks them."""
+    stream, options = body.get("stream") or False, body.get("stream_options")
+    if not isinstance(stream, bool):
+        raise bad_request(f"stream must be a boolean, got {stream!r}", "stream", "invalid_value")
+    if options is None:
+        return stream, False
+    if not stream:
+        raise bad_request("stream_options can only be given with stream: true", "stream_options", "invalid_value")
+    usage = options.get("include_usage", False) if isinstance(options, dict) else None
+    if not isinstance(usage, bool):
+        raise bad_request("stream_options must be an object like {\"include_usage\": true}", "stream_options",
+                          "invalid_value")
+    return stream, usage
+
+
+def _not_streamed(stream: bool, body: dict[str, Any], names: tuple[str, ...]) -> None:
+    for name in names:
+        if stream and body.get(name) not in (None, False):
+            raise bad_request(f"{name} is not available with stream: true on this server", name, "unsupported_value")
+
+
+def refusal(reason: str) -> APIError:
+    """The 400 for a prompt the engine refused, naming the field at fault."""
+    param = "response_format" if "structured_output" in reason else "prompt"
+    return bad_request(reason, param, "invalid_prompt" if param == "prompt" else "invalid_value")
 
 
 def check_model(body: dict[str, Any], served: str) -> None:
@@ -138,9 +169,11 @@ def completion_ask(body: dict[str, Any], tokenizer: Any) -> EngineAsk:
         extra["logprobs"] = logprobs
         if echo:
             extra["prompt_logprobs"] = logprobs
+    stream, usage = _stream(body)
+    _not_streamed(stream, body, ("echo", "logprobs"))
     params = _sampling(body, max(1, max_tokens), **extra)
     ids, texts = _prompts(body["prompt"], tokenizer)
-    return EngineAsk(ids, [params] * len(ids), n, echo, logprobs, max_tokens > 0, texts)
+    return EngineAsk(ids, [params] * len(ids), n, echo, logprobs, max_tokens > 0, texts, stream, usage)
 
 
 def chat_ask(body: dict[str, Any], tokenizer: Any, default_max_tokens: int) -> EngineAsk:
@@ -151,22 +184,25 @@ def chat_ask(body: dict[str, Any], tokenizer: Any, default_max_tokens: int) -> E
             for m in messages):
         raise bad_request("messages must be a non-empty list of {role, content} objects with text content",
                           "messages", "invalid_value")
-    if body.get("response_format") not in (None, {"type": "text"}):
-        raise bad_request("response_format is supported in batches (/v1/batches), not here", "response_format",
-                          "unsupported_value")
     max_tokens = _int(body, "max_completion_tokens", None, 1) or _int(body, "max_tokens", default_max_tokens, 1)
     top = _int(body, "top_logprobs", None, 0)
     wants = body.get("logprobs", False)
     if not isinstance(wants, bool):
         raise bad_request(f"logprobs must be a boolean, got {wants!r}", "logprobs", "invalid_value")
     extra = {"logprobs": top or 0} if wants else {}
+    stream, usage = _stream(body)
+    structured, tools = chat_constraint(body)
+    _not_streamed(stream, {**body, "tool_choice": tools is not None}, ("logprobs", "tool_choice"))
+    if structured is not None:
+        extra["structured_output"] = structured
     params = _sampling(body, max_tokens, **extra)
     try:
         ids = chat_token_ids(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
     except Exception as exc:  # a template that refuses the conversation (e.g. roles out of order)
         raise bad_request(f"messages: the model's chat template cannot render them: {exc}", "messages",
                           "invalid_value") from None
-    return EngineAsk([ids], [params], params.n, logprobs=(top or 0) if wants else None)
+    return EngineAsk([ids], [params], params.n, logprobs=(top or 0) if wants else None, stream=stream,
+                     include_usage=usage, tools=tools)
 
 
 def _legacy_logprobs(out: RequestOutput, sample: int, ask: EngineAsk, prompt_text: str, tokenizer: Any
@@ -233,8 +269,10 @@ def chat_body(ask: EngineAsk, out: RequestOutput, model: str, tokenizer: Any) ->
         if ask.logprobs is not None:
             logprobs = {"content": logprobs_content(completion.token_ids, completion.logprobs or [], ask.logprobs,
                                                     tokenizer), "refusal": None}
-        choices.append({"index": completion.index, "message": {"role": "assistant", "content": completion.text},
-                        "logprobs": logprobs, "finish_reason": completion.finish_reason or "stop"})
+        message, finish = {"role": "assistant", "content": completion.text}, completion.finish_reason or "stop"
+        if ask.tools is not None:
+            message, finish = ask.tools.message(completion.text, finish)
+        choices.append({"index": completion.index, "message": message, "logprobs": logprobs, "finish_reason": finish})
     prompt_tokens = len(out.prompt_token_ids)
     return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
             "model": model, "choices": choices,

@@ -7,8 +7,14 @@ finishes. All engine calls happen on this thread.
 
 The engine is its own, not the process's cached one (``pipeline.engine_cache``): that one
 belongs to the embedded runner's thread, which steps it for batch jobs, and two threads may
-not step one engine. It is built on the first request, with the server's ``--model`` and
-``--engine-options``.
+not step one engine. It is built with the server's ``--model`` and ``--engine-options`` when
+``start`` is called (``tokenmill serve`` does at start-up) or on the first request, then warmed
+with one short request; ``ready`` says when both are done (``/readyz``).
+
+A call may pass a ``listener``: after every step it gets the call's new tokens and finished
+prompts (``Progress``), on the engine thread, which is what the streaming routes read. A call
+cancelled because its client went away is aborted at the next step: its sequences free their
+KV blocks at once (``aborted`` counts them).
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
@@ -24,8 +32,23 @@ from typing import Any
 
 from engine import EngineConfig, LLMEngine, RequestError, RequestOutput, SamplingParams
 from engine.host import objects_frozen_during_call
+from service.live_metrics import LiveMetrics
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Progress:
+    """A prompt of a call moved on in a step: ``token_ids`` are its sample's new tokens; once the
+    prompt is done, ``output`` is its finished output (and ``token_ids`` is empty)."""
+
+    prompt: int
+    sample: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    output: RequestOutput | None = None
+
+
+Listener = Callable[[list[Progress]], None]
 
 
 @dataclass
@@ -35,8 +58,11 @@ class _Call:
     prompts: list[list[int]]
     params: list[SamplingParams]
     future: Future
+    listener: Listener | None = None
+    arrived: float = 0.0
     ids: list[str] = field(default_factory=list)
     outputs: dict[str, RequestOutput] = field(default_factory=dict)
+    sent: dict[tuple[str, int], int] = field(default_factory=dict)  # (request, sample) -> tokens handed out
 
 
 def engine_settings(model: str, engine_options: dict[str, Any]) -> dict[str, Any]:
@@ -46,8 +72,9 @@ def engine_settings(model: str, engine_options: dict[str, Any]) -> dict[str, Any
 
 
 class LiveEngine:
-    def __init__(self, settings: dict[str, Any]) -> None:
+    def __init__(self, settings: dict[str, Any], model_name: str | None = None) -> None:
         self.settings = settings
+        self.metrics = LiveMetrics(model_name or str(settings["model"]))
         self._cond = threading.Condition()
         self._incoming: deque[_Call] = deque()
         self._cancelled: deque[_Call] = deque()
@@ -55,6 +82,9 @@ class LiveEngine:
         self._thread: threading.Thread | None = None
         self._tokenizer: Any = None
         self.engine: LLMEngine | None = None  # set on the engine thread once built (stats for the curious)
+        self.ready = False  # built and warmed
+        self.load_error: str | None = None  # why the last build failed
+        self.aborted = 0  # engine requests aborted because their client went away
 
     @property
     def tokenizer(self) -> Any:
@@ -66,15 +96,26 @@ class LiveEngine:
             self._tokenizer = load_tokenizer(resolve_model(self.settings["model"]))
         return self._tokenizer
 
-    def submit(self, prompts: list[list[int]], params: list[SamplingParams]) -> Future:
+    def start(self) -> None:
+        """Build and warm the engine now, on its thread, rather than on the first request."""
+        with self._cond:
+            self._start_thread()
+
+    def _start_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._serve, name="tokenmill-live-engine", daemon=True)
+            self._thread.start()
+
+    def submit(self, prompts: list[list[int]], params: list[SamplingParams], listener: Listener | None = None
+               ) -> Future:
         """Queue the prompts; the future gives their outputs in order, or raises the engine's
-        ``RequestError`` for the first one it refuses (the others are then withdrawn)."""
-        call = _Call(prompts, params, Future())
+        ``RequestError`` for the first one it refuses (the others are then withdrawn). A
+        ``listener`` is called with ``[]`` once all prompts are in, then after each step that
+        moves them on."""
+        call = _Call(prompts, params, Future(), listener, time.monotonic())
         with self._cond:
             self._incoming.append(call)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._serve, name="tokenmill-live-engine", daemon=True)
-                self._thread.start()
+            self._start_thread()
             self._cond.notify_all()
         return call.future
 
@@ -88,18 +129,29 @@ class LiveEngine:
             self._cancelled.append(_Call([], [], future))
             self._cond.notify_all()
 
-    def _serve(self) -> None:
+    def _build(self) -> LLMEngine | None:
         try:
             engine = LLMEngine(EngineConfig(**self.settings))
+            engine.add_request("warm-up", [min(engine.eos_token_ids, default=0)],
+                               SamplingParams(max_tokens=1, ignore_eos=True))
+            while engine.has_unfinished():
+                engine.step()
         except BaseException as exc:  # every waiting request learns why, and the next one tries again
             log.exception("cannot build the engine for the completions routes")
             with self._cond:
                 calls, self._incoming = list(self._incoming), deque()
                 self._thread = None
+                self.load_error = f"{type(exc).__name__}: {exc}"
             for call in calls:
                 call.future.set_exception(exc)
+            return None
+        self.engine, self.ready, self.load_error = engine, True, None
+        return engine
+
+    def _serve(self) -> None:
+        engine = self._build()
+        if engine is None:
             return
-        self.engine = engine
         live: dict[str, _Call] = {}
         while True:
             with self._cond:
@@ -125,9 +177,10 @@ class LiveEngine:
         for call in new:
             self._add(engine, call, live)
         for stub in gone:
-            self._abort(engine, stub.future, live)
+            self.aborted += self._abort(engine, stub.future, live)
         if not engine.has_unfinished():
             return
+        started = time.monotonic()
         try:
             finished = engine.step()
         except Exception as exc:  # a step the engine could not isolate: fail what it holds
@@ -135,13 +188,50 @@ class LiveEngine:
             finished = []
             for call in {id(c): c for c in live.values()}.values():
                 self._abort(engine, call.future, live, exc)
+        now = time.monotonic()
+        self.metrics.after_step(engine, started, now)
+        events: dict[int, tuple[_Call, list[Progress]]] = {}
+        for request_id, call in live.items():
+            if call.listener is not None:
+                self._new_tokens(engine, request_id, call, events)
+        done: list[_Call] = []
         for out in finished:
+            self.metrics.finished(out, started, now)
             call = live.pop(out.request_id, None)
             if call is None:
                 continue
             call.outputs[out.request_id] = out
-            if len(call.outputs) == len(call.ids) and not call.future.done():
+            if call.listener is not None:
+                events.setdefault(id(call), (call, []))[1].append(Progress(call.ids.index(out.request_id), output=out))
+            if len(call.outputs) == len(call.ids):
+                done.append(call)
+        for call, progress in events.values():
+            self._tell(call, progress)
+        for call in done:
+            if not call.future.done():
                 call.future.set_result([call.outputs[i] for i in call.ids])
+
+    @staticmethod
+    def _new_tokens(engine: LLMEngine, request_id: str, call: _Call,
+                    events: dict[int, tuple[_Call, list[Progress]]]) -> None:
+        """The tokens a running request's samples sampled since the call was last told."""
+        state = engine.requests.get(request_id)
+        for seq in state.seqs if state is not None else ():
+            ready = seq.num_output_tokens - seq.num_pending_tokens  # an overlapped step's placeholder is not one
+            key = (request_id, seq.sample_index)
+            sent = call.sent.get(key, 0)
+            if ready > sent:
+                tokens = seq.token_ids[seq.num_prompt_tokens + sent : seq.num_prompt_tokens + ready]
+                call.sent[key] = ready
+                events.setdefault(id(call), (call, []))[1].append(
+                    Progress(call.ids.index(request_id), seq.sample_index, tokens))
+
+    @staticmethod
+    def _tell(call: _Call, progress: list[Progress]) -> None:
+        try:
+            call.listener(progress)
+        except Exception:  # a listener's fault is its call's, never the engine thread's
+            log.exception("a completions listener failed")
 
     def _add(self, engine: LLMEngine, call: _Call, live: dict[str, _Call]) -> None:
         for prompt, params in zip(call.prompts, call.params, strict=True):
@@ -153,11 +243,18 @@ class LiveEngine:
                 return
             call.ids.append(request_id)
             live[request_id] = call
+            self.metrics.arrived(request_id, call.arrived)
+        if call.listener is not None:
+            self._tell(call, [])
 
-    @staticmethod
-    def _abort(engine: LLMEngine, future: Future, live: dict[str, _Call], error: BaseException | None = None) -> None:
-        for request_id in [r for r, c in live.items() if c.future is future]:
+    def _abort(self, engine: LLMEngine, future: Future, live: dict[str, _Call],
+               error: BaseException | None = None) -> int:
+        """Drop a call's requests from the engine; returns how many it still held."""
+        dropped = [r for r, c in live.items() if c.future is future]
+        for request_id in dropped:
             engine.abort_request(request_id)
+            self.metrics.dropped(request_id)
             del live[request_id]
         if error is not None and not future.done():
             future.set_exception(error)
+        return len(dropped)

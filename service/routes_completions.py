@@ -1,6 +1,7 @@
 """``POST /v1/completions`` and ``POST /v1/chat/completions``: answered synchronously by the
 server's live engine (``service.live_engine``), behind the same key and body limits as every
-``/v1/`` route (``service.guard``)."""
+``/v1/`` route (``service.guard``). With ``stream: true`` the answer is server-sent events
+(``service.streaming``)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,22 @@ import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Request
+from fastapi.responses import StreamingResponse
 
 from engine import RequestError
 from service.auth import Owner
-from service.completions import chat_ask, chat_body, check_model, completion_ask, completion_body
-from service.errors import APIError, bad_request
+from service.completions import (
+    EngineAsk,
+    chat_ask,
+    chat_body,
+    check_model,
+    completion_ask,
+    completion_body,
+    refusal,
+)
+from service.errors import APIError
 from service.live_engine import LiveEngine
+from service.streaming import events, open_call
 
 router = APIRouter(prefix="/v1")
 
@@ -24,7 +35,7 @@ async def _run(request: Request, prompts: list[list[int]], params: list) -> list
     try:
         return await asyncio.wrap_future(future)
     except RequestError as exc:
-        raise bad_request(exc.reason, "prompt", "invalid_prompt") from None
+        raise refusal(exc.reason) from None
     except asyncio.CancelledError:  # the client disconnected
         live.cancel(future)
         raise
@@ -36,21 +47,33 @@ def _tokenizer(request: Request) -> Any:
     return request.app.state.live_engine.tokenizer
 
 
+async def _stream(request: Request, ask: EngineAsk, chat: bool, tokenizer: Any) -> StreamingResponse:
+    live: LiveEngine = request.app.state.live_engine
+    future, queue = await open_call(live, ask)
+    lines = events(live, ask, future, queue, chat=chat, model=request.app.state.settings.model_name,
+                   tokenizer=tokenizer, include_usage=ask.include_usage)
+    return StreamingResponse(lines, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
 @router.post("/completions")
-async def completions(request: Request, owner: Owner, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+async def completions(request: Request, owner: Owner, body: Annotated[dict[str, Any], Body()]) -> Any:
     settings = request.app.state.settings
     check_model(body, settings.model_name)
     tokenizer = await asyncio.to_thread(_tokenizer, request)
     ask = await asyncio.to_thread(completion_ask, body, tokenizer)
+    if ask.stream:
+        return await _stream(request, ask, False, tokenizer)
     outs = await _run(request, ask.prompts, ask.params)
     return await asyncio.to_thread(completion_body, ask, outs, settings.model_name, tokenizer)
 
 
 @router.post("/chat/completions")
-async def chat_completions(request: Request, owner: Owner, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+async def chat_completions(request: Request, owner: Owner, body: Annotated[dict[str, Any], Body()]) -> Any:
     settings = request.app.state.settings
     check_model(body, settings.model_name)
     tokenizer = await asyncio.to_thread(_tokenizer, request)
     ask = await asyncio.to_thread(chat_ask, body, tokenizer, settings.default_max_tokens)
+    if ask.stream:
+        return await _stream(request, ask, True, tokenizer)
     (out,) = await _run(request, ask.prompts, ask.params)
     return chat_body(ask, out, settings.model_name, tokenizer)

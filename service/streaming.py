@@ -1,0 +1,129 @@
+"""``stream: true`` on the live routes: server-sent events in the shape the ``openai`` client reads.
+
+Each event is ``data: {chunk}``; the stream ends with ``data: [DONE]``. Chunks carry the text a
+choice's new tokens add (``text_completion`` chunks for ``/v1/completions``,
+``chat.completion.chunk`` with a ``delta`` for chat, whose first chunk per choice gives the
+role); a choice's last chunk has its ``finish_reason``. With ``stream_options.include_usage``
+one more chunk, with no choices, gives the usage. A client that goes away cancels the
+generator, which cancels the call: the engine aborts its sequences at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine import RequestError
+from service.completions import EngineAsk, refusal
+from service.errors import APIError
+from service.live_engine import LiveEngine, Progress
+
+_INCOMPLETE = "\ufffd"  # what a decode of a partial UTF-8 character ends with
+
+
+@dataclass
+class _Text:
+    """One choice's text as its tokens arrive. Each time the whole output is decoded (so a token
+    whose text depends on its neighbours comes out right); the last ``hold`` characters stay back
+    until the choice ends, since they may be the start of a stop string the engine will cut."""
+
+    tokenizer: Any
+    hold: int
+    ids: list[int] = field(default_factory=list)
+    sent: str = ""
+
+    def add(self, token_ids: list[int]) -> str:
+        self.ids.extend(token_ids)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        end = len(text) - self.hold
+        if text.endswith(_INCOMPLETE) or end <= len(self.sent) or not text.startswith(self.sent):
+            return ""
+        piece = text[len(self.sent) : end]
+        self.sent += piece
+        return piece
+
+    def finish(self, final: str) -> str:
+        """The rest of the finished choice's text (the engine's, with any stop string cut)."""
+        return final[len(self.sent) :] if final.startswith(self.sent) else ""
+
+
+async def open_call(live: LiveEngine, ask: EngineAsk) -> tuple[Future, asyncio.Queue]:
+    """Submit the call and wait until the engine took all its prompts: a prompt it refuses is
+    still a plain 400, before any event is sent."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[list[Progress] | None] = asyncio.Queue()
+    future = live.submit(ask.prompts, ask.params, lambda events: loop.call_soon_threadsafe(queue.put_nowait, events))
+    future.add_done_callback(lambda _: loop.call_soon_threadsafe(queue.put_nowait, None))
+    try:
+        first = await queue.get()
+    except asyncio.CancelledError:  # the client went away while the prompts were queued
+        live.cancel(future)
+        raise
+    if first is None:
+        try:
+            future.result()
+        except RequestError as exc:
+            raise refusal(exc.reason) from None
+        except Exception as exc:
+            raise APIError(500, f"the engine failed: {type(exc).__name__}: {exc}", code="engine_error") from None
+    return future, queue
+
+
+def _event(data: dict[str, Any] | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def events(live: LiveEngine, ask: EngineAsk, future: Future, queue: asyncio.Queue, *, chat: bool,
+                 model: str, tokenizer: Any, include_usage: bool) -> AsyncIterator[str]:
+    """The call's chunks as SSE lines, then ``[DONE]``."""
+    head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+            "model": model}
+    hold = max((len(s) for p in ask.params for s in p.stop), default=1) - 1
+    texts: dict[int, _Text] = {}
+    usage = {"prompt_tokens": 0, "completion_tokens": 0}
+
+    def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False) -> str:
+        if chat:
+            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return _event({**head, "choices": [choice], **({"usage": None} if include_usage else {})})
+
+    try:
+        if chat:
+            for index in range(len(ask.prompts) * ask.n):
+                yield chunk(index, None, role=True)
+        while (progress := await queue.get()) is not None:
+            for p in progress:
+                if p.output is None:
+                    index = p.prompt * ask.n + p.sample
+                    piece = texts.setdefault(index, _Text(tokenizer, hold)).add(p.token_ids)
+                    if piece:
+                        yield chunk(index, piece)
+                    continue
+                usage["prompt_tokens"] += len(p.output.prompt_token_ids)
+                for c in p.output.outputs:
+                    index = p.prompt * ask.n + c.index
+                    usage["completion_tokens"] += len(c.token_ids)
+                    piece = texts.setdefault(index, _Text(tokenizer, hold)).finish(c.text)
+                    yield chunk(index, piece, c.finish_reason or "stop")
+        try:
+            future.result()
+        except Exception as exc:  # the status line is sent: the failure is an event
+            error = APIError(500, f"the engine failed: {type(exc).__name__}: {exc}", code="engine_error")
+            yield _event(error.body())
+        if include_usage:
+            yield _event({**head, "choices": [],
+                          "usage": {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}})
+        yield _event("[DONE]")
+    finally:
+        if not future.done():  # the client went away (or the response failed): stop its sequences
+            live.cancel(future)

@@ -1,0 +1,209 @@
+"""The live routes as a vLLM user drives them: ``stream=True`` through the stock ``openai`` client
+and a raw SSE reader, a client that hangs up mid-stream freeing its sequences, readiness, and the
+vLLM-named latency metrics moving after a request."""
+
+from __future__ import annotations
+
+import json
+
+import httpx2 as httpx
+import jsonschema
+import openai
+import pytest
+from fastapi.testclient import TestClient
+from live_server import live_server
+from pipeline_support import wait_until
+from prometheus_client.parser import text_string_to_metric_families
+from service_stack import MODEL_NAME
+from tenant_support import RecordingRunner
+
+from service.app import create_app
+from service.settings import ServiceSettings
+
+KEY = "sk-streaming-test"
+PROMPTS = ["The quick brown fox", "Numbers: one, two, three,"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_model_dir):
+    with live_server(tmp_path_factory.mktemp("streaming"), tiny_model_dir, KEY) as running:
+        wait_until(lambda: httpx.get(f"{running.url}/readyz", timeout=5).status_code == 200, 120, "ready")
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def test_streamed_chat_says_what_the_plain_answer_says(client):
+    messages = [{"role": "user", "content": "Say something about the sea."}]
+    plain = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=12, temperature=0)
+    chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=12, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == plain.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [plain.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == plain.usage.model_dump() | {
+        "completion_tokens_details": None, "prompt_tokens_details": None}
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+
+
+def test_streamed_completions_keep_choices_apart_and_cut_stop_strings(client):
+    plain = client.completions.create(model=MODEL_NAME, prompt=PROMPTS, max_tokens=10, temperature=0.8, seed=7, n=2)
+    stream = client.completions.create(model=MODEL_NAME, prompt=PROMPTS, max_tokens=10, temperature=0.8, seed=7, n=2,
+                                       stream=True)
+    texts: dict[int, str] = {}
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert texts == {c.index: c.text for c in plain.choices} and len(texts) == 4
+    full = plain.choices[0].text
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    assert len(stop) == 3 and stop.strip()
+    cut = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[0], max_tokens=10, temperature=0.8, seed=7,
+                                    stop=[stop])
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS[0], max_tokens=10, temperature=0.8, seed=7, stop=[stop], stream=True))
+    assert streamed == cut.choices[0].text and stop not in streamed
+
+
+def test_raw_event_stream(server):
+    body = {"model": MODEL_NAME, "prompt": PROMPTS[1], "max_tokens": 5, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {KEY}"}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        raw = response.read().decode()
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    payloads = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert all(e.startswith("data: {") for e in events[:-2])
+    assert payloads[-1]["choices"] == [] and payloads[-1]["usage"]["completion_tokens"] == 5
+    assert [p["choices"][0]["finish_reason"] for p in payloads[:-1]][-1] == "length"
+    assert all(p["usage"] is None for p in payloads[:-1])
+
+
+def test_a_refused_prompt_is_a_400_before_any_event(server, client):
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(model=MODEL_NAME, prompt=[49152], max_tokens=4, stream=True)
+    assert exc.value.body["param"] == "prompt" and "outside the vocabulary" in exc.value.body["message"]
+    for extra, param in (({"stream_options": {"include_usage": True}, "stream": False}, "stream_options"),
+                         ({"stream": True, "logprobs": 1}, "logprobs"), ({"stream": True, "echo": True}, "echo")):
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.completions.create(model=MODEL_NAME, prompt="hi", max_tokens=2, **extra)
+        assert exc.value.body["param"] == param
+
+
+def test_a_client_that_hangs_up_frees_its_sequences(server):
+    live = server.live
+    before = live.aborted
+    body = {"model": MODEL_NAME, "prompt": PROMPTS[0], "max_tokens": 900, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {KEY}"}) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: {"))
+    # the connection is closed: the engine aborts the request rather than running its 900 tokens
+    wait_until(lambda: live.aborted == before + 1, 60, "the request aborted")
+    wait_until(lambda: not live.engine.has_unfinished(), 60, "the engine idle")
+
+
+def _scrape(url: str) -> dict[tuple[str, str], float]:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {(s.name, s.labels.get("model_name", "")): s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name.startswith("vllm:") and "le" not in s.labels}
+
+
+def test_latency_metrics_move_after_a_request(server, client):
+    before = _scrape(server.url)
+    client.completions.create(model=MODEL_NAME, prompt=PROMPTS[0], max_tokens=6, temperature=0)
+    after = _scrape(server.url)
+    for name in ("vllm:time_to_first_token_seconds_count", "vllm:time_per_output_token_seconds_count",
+                 "vllm:e2e_request_latency_seconds_count", "vllm:request_queue_time_seconds_count"):
+        assert after[(name, MODEL_NAME)] == before.get((name, MODEL_NAME), 0) + 1, name
+    assert after[("vllm:generation_tokens_total", MODEL_NAME)] - before.get(("vllm:generation_tokens_total",
+                                                                             MODEL_NAME), 0) == 6
+    assert after[("vllm:prefix_cache_queries_total", MODEL_NAME)] > before.get(
+        ("vllm:prefix_cache_queries_total", MODEL_NAME), 0)
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_hits_total"):
+        assert (name, MODEL_NAME) in after
+    assert not any(KEY in label for _, label in after)
+
+
+def test_ready_only_once_the_model_is_loaded(tmp_path):
+    settings = ServiceSettings(storage_url=str(tmp_path / "s"), api_keys=[KEY], model=str(tmp_path / "no-model"))
+    idle = TestClient(create_app(settings, RecordingRunner()))
+    assert idle.get("/healthz").status_code == 200
+    assert idle.get("/readyz").status_code == 503 and idle.get("/readyz").json()["status"] == "loading"
+    with TestClient(create_app(settings, RecordingRunner(), load_model=True)) as loading:
+        failed = wait_until(lambda: loading.get("/readyz").json().get("error"), 60, "the load failed")
+        assert loading.get("/readyz").status_code == 503 and "no-model" in failed
+
+
+ANSWER = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
+          "required": ["answer", "sure"], "additionalProperties": False}
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+        "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
+ASK = [{"role": "user", "content": "Is the sky blue? Answer in JSON."}]
+
+
+def test_json_schema_and_json_object_replies(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER, "strict": True}}
+    for seed in range(3):
+        out = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=40, temperature=1.0,
+                                             seed=seed, response_format=fmt)
+        assert out.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(out.choices[0].message.content), ANSWER)
+    streamed = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=40, temperature=1.0, seed=0,
+                                              response_format=fmt, stream=True)
+    first = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=40, temperature=1.0, seed=0,
+                                           response_format=fmt)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == first.choices[0].message.content
+    obj = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=40, temperature=0,
+                                         response_format={"type": "json_object"})
+    text = obj.choices[0].message.content
+    assert text.startswith("{")
+    if obj.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=4,
+                                       response_format={"type": "json_schema", "json_schema": {"name": "x"}})
+    assert exc.value.body["param"] == "response_format" and "schema must be a JSON object" in exc.value.body["message"]
+
+
+def test_forced_tool_calls(client):
+    named = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=60, temperature=0, tools=TOOLS,
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    message = named.choices[0].message
+    assert message.content is None and len(message.tool_calls) == 1
+    assert message.tool_calls[0].function.name == "get_weather" and message.tool_calls[0].id.startswith("call_")
+    jsonschema.validate(json.loads(message.tool_calls[0].function.arguments), WEATHER)
+    seen = set()
+    for seed in range(4):
+        required = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=60, temperature=1.0,
+                                                  seed=seed, tools=TOOLS, tool_choice="required")
+        assert required.choices[0].finish_reason == "tool_calls"
+        (call,) = required.choices[0].message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER if call.function.name == "get_weather"
+                            else TIME)
+        seen.add(call.function.name)
+    assert seen <= {"get_weather", "get_time"} and seen
+    plain = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=4, tools=[])
+    assert plain.choices[0].message.tool_calls is None and plain.choices[0].message.content is not None
+    for extra, param in (({"tools": TOOLS}, "tool_choice"), ({"tools": TOOLS, "tool_choice": "auto"}, "tool_choice"),
+                         ({"tool_choice": "required"}, "tool_choice"),
+                         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+                          "tool_choice"),
+                         ({"tools": [{"type": "function"}]}, "tools[0]"),
+                         ({"tools": TOOLS, "tool_choice": "required", "stream": True}, "tool_choice")):
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=4, **extra)
+        assert exc.value.body["param"] == param, (extra, exc.value.body)
