@@ -20,16 +20,18 @@ from typing import Any
 
 from engine import RequestOutput, SamplingParams
 from engine.chat import chat_token_ids
+from jobs.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ProtocolError,
+    SamplingFields,
+    parse,
+)
 from pipeline.openai_output import logprobs_content
 from service.errors import APIError, bad_request
 from service.structured_replies import ToolReply, chat_constraint
 
 MAX_PROMPTS = 2048  # prompts in one request, as OpenAI's
-COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "user", "stream",
-          "stream_options", "presence_penalty", "frequency_penalty", "logit_bias"}
-COMPLETION_FIELDS = COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
-CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", "response_format", "tools",
-                        "tool_choice", "parallel_tool_calls"}
 
 
 @dataclass
@@ -48,36 +50,29 @@ class EngineAsk:
     tools: ToolReply | None = None  # chat with a forced tool call: the reply becomes tool_calls
 
 
-def _check_fields(body: dict[str, Any], allowed: set[str]) -> None:
-    unknown = sorted(set(body) - allowed)
+def _request(model: type[Any], body: dict[str, Any]) -> Any:
+    """The body as its protocol model; an unknown field or a penalty is refused, as OpenAI does."""
+    try:
+        request = parse(model, body)
+    except ProtocolError as exc:
+        code = "missing_required_parameter" if str(exc).startswith("Missing") else "invalid_value"
+        raise bad_request(str(exc), exc.param, code) from None
+    unknown = sorted(request.model_extra or {})
     if unknown:
         raise bad_request(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0], "unknown_parameter")
     for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name):
+        if getattr(request, name):
             raise bad_request(f"{name} is not supported by this server (only 0)", name, "unsupported_value")
-    if body.get("logit_bias"):
+    if request.logit_bias:
         raise bad_request("logit_bias is not supported by this server", "logit_bias", "unsupported_value")
-
-
-def _stream(body: dict[str, Any]) -> tuple[bool, bool]:
-    """(stream, include_usage), checked as vLLM checks them."""
-    stream, options = body.get("stream") or False, body.get("stream_options")
-    if not isinstance(stream, bool):
-        raise bad_request(f"stream must be a boolean, got {stream!r}", "stream", "invalid_value")
-    if options is None:
-        return stream, False
-    if not stream:
+    if request.stream_options is not None and not request.stream:
         raise bad_request("stream_options can only be given with stream: true", "stream_options", "invalid_value")
-    usage = options.get("include_usage", False) if isinstance(options, dict) else None
-    if not isinstance(usage, bool):
-        raise bad_request("stream_options must be an object like {\"include_usage\": true}", "stream_options",
-                          "invalid_value")
-    return stream, usage
+    return request
 
 
-def _not_streamed(stream: bool, body: dict[str, Any], names: tuple[str, ...]) -> None:
-    for name in names:
-        if stream and body.get(name) not in (None, False):
+def _not_streamed(stream: bool, values: dict[str, Any]) -> None:
+    for name, value in values.items():
+        if stream and value not in (None, False):
             raise bad_request(f"{name} is not available with stream: true on this server", name, "unsupported_value")
 
 
@@ -94,20 +89,19 @@ def check_model(body: dict[str, Any], served: str) -> None:
                        code="model_not_found")
 
 
-def _int(body: dict[str, Any], name: str, default: int | None, low: int) -> int | None:
-    value = body.get(name, default)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+def _at_least(value: int | None, name: str, low: int) -> int | None:
+    if value is not None and value < low:
         raise bad_request(f"{name} must be an integer >= {low}, got {value!r}", name, "invalid_value")
     return value
 
 
-def _sampling(body: dict[str, Any], max_tokens: int, **extra: Any) -> SamplingParams:
-    values: dict[str, Any] = {"max_tokens": max_tokens, "n": _int(body, "n", 1, 1), **extra}
-    for name in ("temperature", "top_p", "top_k", "seed", "stop"):
-        if body.get(name) is not None:
-            values[name] = body[name]
+def _sampling(request: SamplingFields, max_tokens: int, **extra: Any) -> SamplingParams:
+    values: dict[str, Any] = {"max_tokens": max_tokens, "n": _at_least(request.n, "n", 1) or 1, **extra}
+    for name in ("temperature", "top_p", "top_k", "seed"):
+        if getattr(request, name) is not None:
+            values[name] = getattr(request, name)
+    if request.stop is not None:
+        values["stop"] = request.stops
     try:
         return SamplingParams(**values)
     except (TypeError, ValueError) as exc:
@@ -148,19 +142,16 @@ def _prompts(prompt: Any, tokenizer: Any) -> tuple[list[list[int]], list[str]]:
 
 
 def completion_ask(body: dict[str, Any], tokenizer: Any) -> EngineAsk:
-    _check_fields(body, COMPLETION_FIELDS)
-    if "prompt" not in body:
-        raise bad_request("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter")
-    if body.get("suffix"):
+    request: CompletionRequest = _request(CompletionRequest, body)
+    if request.suffix:
         raise bad_request("suffix is not supported by this server", "suffix", "unsupported_value")
-    n = _int(body, "n", 1, 1)
-    if _int(body, "best_of", n, 1) != n:
+    n = _at_least(request.n, "n", 1) or 1
+    if (_at_least(request.best_of, "best_of", 1) or n) != n:
         raise bad_request("best_of must equal n on this server", "best_of", "unsupported_value")
-    echo = body.get("echo", False)
-    if not isinstance(echo, bool):
-        raise bad_request(f"echo must be a boolean, got {echo!r}", "echo", "invalid_value")
-    max_tokens = _int(body, "max_tokens", 16, 0)
-    logprobs = _int(body, "logprobs", None, 0)
+    echo = request.echo
+    max_tokens = _at_least(request.max_tokens, "max_tokens", 0)
+    max_tokens = 16 if max_tokens is None else max_tokens
+    logprobs = _at_least(request.logprobs, "logprobs", 0)
     if max_tokens == 0 and not echo:
         raise bad_request("max_tokens 0 needs echo: true (there is nothing else to return)", "max_tokens",
                           "invalid_value")
@@ -169,38 +160,36 @@ def completion_ask(body: dict[str, Any], tokenizer: Any) -> EngineAsk:
         extra["logprobs"] = logprobs
         if echo:
             extra["prompt_logprobs"] = logprobs
-    stream, usage = _stream(body)
-    _not_streamed(stream, body, ("echo", "logprobs"))
-    params = _sampling(body, max(1, max_tokens), **extra)
-    ids, texts = _prompts(body["prompt"], tokenizer)
+    stream = bool(request.stream)
+    _not_streamed(stream, {"echo": echo, "logprobs": logprobs})
+    params = _sampling(request, max(1, max_tokens), **extra)
+    ids, texts = _prompts(request.prompt, tokenizer)
+    usage = bool(request.stream_options and request.stream_options.include_usage)
     return EngineAsk(ids, [params] * len(ids), n, echo, logprobs, max_tokens > 0, texts, stream, usage)
 
 
 def chat_ask(body: dict[str, Any], tokenizer: Any, default_max_tokens: int) -> EngineAsk:
-    _check_fields(body, CHAT_FIELDS)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages):
-        raise bad_request("messages must be a non-empty list of {role, content} objects with text content",
-                          "messages", "invalid_value")
-    max_tokens = _int(body, "max_completion_tokens", None, 1) or _int(body, "max_tokens", default_max_tokens, 1)
-    top = _int(body, "top_logprobs", None, 0)
-    wants = body.get("logprobs", False)
-    if not isinstance(wants, bool):
-        raise bad_request(f"logprobs must be a boolean, got {wants!r}", "logprobs", "invalid_value")
-    extra = {"logprobs": top or 0} if wants else {}
-    stream, usage = _stream(body)
-    structured, tools = chat_constraint(body)
-    _not_streamed(stream, {**body, "tool_choice": tools is not None}, ("logprobs", "tool_choice"))
+    request: ChatCompletionRequest = _request(ChatCompletionRequest, body)
+    try:
+        turns = [m.turn(f"messages[{i}]") for i, m in enumerate(request.messages)]
+    except ProtocolError as exc:
+        raise bad_request(str(exc), exc.param, "invalid_value") from None
+    max_tokens = (_at_least(request.max_completion_tokens, "max_completion_tokens", 1)
+                  or _at_least(request.max_tokens, "max_tokens", 1) or default_max_tokens)
+    top, wants = request.top_logprobs, bool(request.logprobs)
+    extra: dict[str, Any] = {"logprobs": top or 0} if wants else {}
+    stream = bool(request.stream)
+    structured, tools = chat_constraint(request)
+    _not_streamed(stream, {"logprobs": wants, "tool_choice": tools is not None})
     if structured is not None:
         extra["structured_output"] = structured
-    params = _sampling(body, max_tokens, **extra)
+    params = _sampling(request, max_tokens, **extra)
     try:
-        ids = chat_token_ids(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
+        ids = chat_token_ids(tokenizer, turns)
     except Exception as exc:  # a template that refuses the conversation (e.g. roles out of order)
         raise bad_request(f"messages: the model's chat template cannot render them: {exc}", "messages",
                           "invalid_value") from None
+    usage = bool(request.stream_options and request.stream_options.include_usage)
     return EngineAsk([ids], [params], params.n, logprobs=(top or 0) if wants else None, stream=stream,
                      include_usage=usage, tools=tools)
 

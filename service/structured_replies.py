@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.openai_protocol import ChatCompletionRequest
 from jobs.openai_requests import response_format_output
 from service.errors import bad_request
 
@@ -53,39 +54,19 @@ def _call_message(name: str, arguments: str) -> dict[str, Any]:
     return {"role": "assistant", "content": None, "tool_calls": [call]}
 
 
-def _tools(value: Any) -> dict[str, dict[str, Any]]:
-    """Function name -> parameters schema."""
-    if not isinstance(value, list):
-        raise bad_request("tools must be a list of {type: function, function: {name, parameters}}", "tools",
-                          "invalid_value")
-    out: dict[str, dict[str, Any]] = {}
-    for i, tool in enumerate(value):
-        function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
-        name = function.get("name") if isinstance(function, dict) else None
-        if not isinstance(name, str) or not name:
-            raise bad_request(f"tools[{i}] must be {{type: function, function: {{name, parameters}}}}",
-                              f"tools[{i}]", "invalid_value")
-        parameters = function.get("parameters", ANY_OBJECT)
-        if not isinstance(parameters, dict):
-            raise bad_request(f"tools[{i}].function.parameters must be a JSON schema object",
-                              f"tools[{i}].function.parameters", "invalid_value")
-        out[name] = parameters or ANY_OBJECT
-    return out
-
-
 def _required(tools: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {"anyOf": [{"type": "object", "properties": {"name": {"const": name}, "arguments": schema},
                        "required": ["name", "arguments"], "additionalProperties": False}
                       for name, schema in tools.items()]}
 
 
-def chat_constraint(body: dict[str, Any]) -> tuple[dict[str, Any] | None, ToolReply | None]:
+def chat_constraint(request: ChatCompletionRequest) -> tuple[dict[str, Any] | None, ToolReply | None]:
     """The engine's structured_output for a chat request (None: plain text) and, for a forced
     tool call, how to answer it."""
-    tools = _tools(body["tools"]) if body.get("tools") is not None else {}
-    choice = body.get("tool_choice", "auto" if tools else "none")
+    tools = {t.function.name: t.function.parameters or ANY_OBJECT for t in request.tools or []}
+    choice = request.tool_choice or ("auto" if tools else "none")
     try:
-        structured = response_format_output(body["response_format"]) if body.get("response_format") else None
+        structured = response_format_output(request.response_format) if request.response_format else None
     except ValueError as exc:
         raise bad_request(str(exc).removeprefix("body."), "response_format", "invalid_value") from None
     if choice == "none":
@@ -100,10 +81,7 @@ def chat_constraint(body: dict[str, Any]) -> tuple[dict[str, Any] | None, ToolRe
                           "invalid_value")
     if choice == "required":
         return {"json": _required(tools)}, ToolReply(None)
-    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
-    if not isinstance(name, str) or choice.get("type") != "function":
-        raise bad_request('tool_choice must be "none", "auto", "required" or {type: function, function: {name}}',
-                          "tool_choice", "invalid_value")
+    name = choice.function.name
     if name not in tools:
         raise bad_request(f"tool_choice names {name!r}, which is not among the tools", "tool_choice", "invalid_value")
     return {"json": tools[name]}, ToolReply(name)

@@ -216,7 +216,7 @@ def test_openai_batch_input_validated_up_front(tmp_path: Path) -> None:
     message = str(info.value)
     assert "6 invalid request(s)" in message
     for expected in ("line 2: custom_id 'a' repeats batch.jsonl line 1", "line 3: url must be /v1/chat/completions",
-                     "line 4: method must be POST", "line 5: body.messages must be a non-empty list",
+                     "line 4: method must be POST", "line 5: body.messages: List should have at least 1 item",
                      "line 6: not JSON", "line 7: body: n must be an integer from 1 to 128, got 0"):
         assert expected in message
     assert not (tmp_path / "out").exists()  # nothing written
@@ -249,10 +249,16 @@ def test_openai_batch_per_line_sampling(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("body", "message"), [
     ({"top_logprobs": 3}, "body.top_logprobs needs body.logprobs = true"),
-    ({"logprobs": True, "top_logprobs": 21}, "body.top_logprobs must be an integer from 0 to 20, got 21"),
-    ({"response_format": {"type": "xml"}}, "body.response_format.type must be text, json_object or json_schema"),
+    ({"logprobs": True, "top_logprobs": 21}, "body.top_logprobs: Input should be less than or equal to 20"),
+    ({"response_format": {"type": "xml"}},
+     "body.response_format.type: Input should be 'text', 'json_object' or 'json_schema'"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
-     "body.response_format.json_schema.schema must be a JSON object"),
+     "Missing required parameter: 'body.response_format.json_schema.schema'."),
+    ({"response_format": {"type": "json_schema"}}, "body.response_format.json_schema.schema must be a JSON object"),
+    ({"temperature": "0.5"}, "body.temperature: Input should be a valid number"),
+    ({"stop": 3}, "body.stop must be a string or a list of strings"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "body.messages[0]: only text content parts are supported"),
     ({"temperature": -1}, "body: temperature must be a number >= 0, got -1"),
 ])
 def test_openai_batch_bad_sampling_lines(tmp_path: Path, body: dict[str, Any], message: str) -> None:

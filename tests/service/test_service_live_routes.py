@@ -176,7 +176,9 @@ def test_json_schema_and_json_object_replies(client):
     with pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=4,
                                        response_format={"type": "json_schema", "json_schema": {"name": "x"}})
-    assert exc.value.body["param"] == "response_format" and "schema must be a JSON object" in exc.value.body["message"]
+    assert exc.value.body == {"message": "Missing required parameter: 'response_format.json_schema.schema'.",
+                              "type": "invalid_request_error", "param": "response_format.json_schema.schema",
+                              "code": "missing_required_parameter"}
 
 
 def test_forced_tool_calls(client):
@@ -202,7 +204,8 @@ def test_forced_tool_calls(client):
                          ({"tool_choice": "required"}, "tool_choice"),
                          ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
                           "tool_choice"),
-                         ({"tools": [{"type": "function"}]}, "tools[0]"),
+                         ({"tools": [{"type": "function"}]}, "tools[0].function"),
+                         ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
                          ({"tools": TOOLS, "tool_choice": "required", "stream": True}, "tool_choice")):
         with pytest.raises(openai.BadRequestError) as exc:
             client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=4, **extra)
