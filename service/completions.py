@@ -27,6 +27,15 @@ from jobs.openai_protocol import (
     SamplingFields,
     parse,
 )
+from jobs.openai_responses import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    Usage,
+)
 from pipeline.openai_output import logprobs_content
 from service.errors import APIError, bad_request
 from service.structured_replies import ToolReply, chat_constraint
@@ -195,7 +204,7 @@ def chat_ask(body: dict[str, Any], tokenizer: Any, default_max_tokens: int) -> E
 
 
 def _legacy_logprobs(out: RequestOutput, sample: int, ask: EngineAsk, prompt_text: str, tokenizer: Any
-                     ) -> dict[str, Any]:
+                     ) -> CompletionLogprobs:
     """``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset`` over the echoed prompt
     (if any) and the generated tokens; offsets count characters from the start of ``text``."""
     top_n = ask.logprobs or 0
@@ -227,10 +236,10 @@ def _legacy_logprobs(out: RequestOutput, sample: int, ask: EngineAsk, prompt_tex
     if ask.keep_output:
         for token_id, entry in zip(completion.token_ids, completion.logprobs or [], strict=False):
             add(token_id, entry, entry[token_id].decoded_token or "")
-    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+    return CompletionLogprobs(tokens=tokens, token_logprobs=values, top_logprobs=tops, text_offset=offsets)
 
 
-def completion_body(ask: EngineAsk, outs: list[RequestOutput], model: str, tokenizer: Any) -> dict[str, Any]:
+def completion_body(ask: EngineAsk, outs: list[RequestOutput], model: str, tokenizer: Any) -> Completion:
     choices, prompt_tokens, generated = [], 0, 0
     for p, out in enumerate(outs):
         prompt_tokens += len(out.prompt_token_ids)
@@ -238,19 +247,15 @@ def completion_body(ask: EngineAsk, outs: list[RequestOutput], model: str, token
             text = completion.text if ask.keep_output else ""
             generated += len(completion.token_ids) if ask.keep_output else 0
             prompt_text = ask.prompt_texts[p] if ask.prompt_texts else ""
-            choices.append({
-                "index": p * ask.n + s,
-                "text": prompt_text + text if ask.echo else text,
-                "logprobs": None if ask.logprobs is None else _legacy_logprobs(out, s, ask, prompt_text, tokenizer),
-                "finish_reason": (completion.finish_reason or "stop") if ask.keep_output else "length",
-            })
-    return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
-            "model": model, "choices": choices,
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
-                      "total_tokens": prompt_tokens + generated}}
+            choices.append(CompletionChoice(
+                index=p * ask.n + s, text=prompt_text + text if ask.echo else text,
+                logprobs=None if ask.logprobs is None else _legacy_logprobs(out, s, ask, prompt_text, tokenizer),
+                finish_reason=(completion.finish_reason or "stop") if ask.keep_output else "length"))
+    return Completion(id=f"cmpl-{uuid.uuid4().hex[:24]}", created=int(time.time()), model=model, choices=choices,
+                      usage=Usage.of(prompt_tokens, generated))
 
 
-def chat_body(ask: EngineAsk, out: RequestOutput, model: str, tokenizer: Any) -> dict[str, Any]:
+def chat_body(ask: EngineAsk, out: RequestOutput, model: str, tokenizer: Any) -> ChatCompletion:
     choices, generated = [], 0
     for completion in out.outputs:
         generated += len(completion.token_ids)
@@ -258,12 +263,9 @@ def chat_body(ask: EngineAsk, out: RequestOutput, model: str, tokenizer: Any) ->
         if ask.logprobs is not None:
             logprobs = {"content": logprobs_content(completion.token_ids, completion.logprobs or [], ask.logprobs,
                                                     tokenizer), "refusal": None}
-        message, finish = {"role": "assistant", "content": completion.text}, completion.finish_reason or "stop"
+        message, finish = AssistantMessage(content=completion.text), completion.finish_reason or "stop"
         if ask.tools is not None:
             message, finish = ask.tools.message(completion.text, finish)
-        choices.append({"index": completion.index, "message": message, "logprobs": logprobs, "finish_reason": finish})
-    prompt_tokens = len(out.prompt_token_ids)
-    return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
-            "model": model, "choices": choices,
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
-                      "total_tokens": prompt_tokens + generated}}
+        choices.append(ChatChoice(index=completion.index, message=message, logprobs=logprobs, finish_reason=finish))
+    return ChatCompletion(id=f"chatcmpl-{uuid.uuid4().hex[:24]}", created=int(time.time()), model=model,
+                          choices=choices, usage=Usage.of(len(out.prompt_token_ids), generated))

@@ -19,7 +19,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
+
 from engine import RequestError
+from jobs.openai_responses import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatDelta,
+    Completion,
+    CompletionChoice,
+    Usage,
+)
 from service.completions import EngineAsk, refusal
 from service.errors import APIError
 from service.live_engine import LiveEngine, Progress
@@ -75,27 +85,28 @@ async def open_call(live: LiveEngine, ask: EngineAsk) -> tuple[Future, asyncio.Q
     return future, queue
 
 
-def _event(data: dict[str, Any] | str) -> str:
+def _event(data: BaseModel | dict[str, Any] | str) -> str:
+    if isinstance(data, BaseModel):
+        data = data.model_dump_json()
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 async def events(live: LiveEngine, ask: EngineAsk, future: Future, queue: asyncio.Queue, *, chat: bool,
                  model: str, tokenizer: Any, include_usage: bool) -> AsyncIterator[str]:
     """The call's chunks as SSE lines, then ``[DONE]``."""
-    head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+    made = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
             "model": model}
     hold = max((len(s) for p in ask.params for s in p.stop), default=1) - 1
     texts: dict[int, _Text] = {}
-    usage = {"prompt_tokens": 0, "completion_tokens": 0}
+    prompt_tokens = completion_tokens = 0
 
     def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False) -> str:
         if chat:
-            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
-        else:
-            choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
-        return _event({**head, "choices": [choice], **({"usage": None} if include_usage else {})})
+            delta = ChatDelta(role="assistant", content="") if role else ChatDelta(content=text or None)
+            return _event(ChatCompletionChunk(**made, choices=[ChatChunkChoice(index=index, delta=delta,
+                                                                                finish_reason=finish)]))
+        return _event(Completion(**made, choices=[CompletionChoice(index=index, text=text or "",
+                                                                   finish_reason=finish)]))
 
     try:
         if chat:
@@ -109,10 +120,10 @@ async def events(live: LiveEngine, ask: EngineAsk, future: Future, queue: asynci
                     if piece:
                         yield chunk(index, piece)
                     continue
-                usage["prompt_tokens"] += len(p.output.prompt_token_ids)
+                prompt_tokens += len(p.output.prompt_token_ids)
                 for c in p.output.outputs:
                     index = p.prompt * ask.n + c.index
-                    usage["completion_tokens"] += len(c.token_ids)
+                    completion_tokens += len(c.token_ids)
                     piece = texts.setdefault(index, _Text(tokenizer, hold)).finish(c.text)
                     yield chunk(index, piece, c.finish_reason or "stop")
         try:
@@ -121,8 +132,8 @@ async def events(live: LiveEngine, ask: EngineAsk, future: Future, queue: asynci
             error = APIError(500, f"the engine failed: {type(exc).__name__}: {exc}", code="engine_error")
             yield _event(error.body())
         if include_usage:
-            yield _event({**head, "choices": [],
-                          "usage": {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}})
+            last = ChatCompletionChunk if chat else Completion
+            yield _event(last(**made, choices=[], usage=Usage.of(prompt_tokens, completion_tokens)))
         yield _event("[DONE]")
     finally:
         if not future.done():  # the client went away (or the response failed): stop its sequences

@@ -22,6 +22,7 @@ from typing import Any
 
 from jobs.openai_protocol import ChatCompletionRequest
 from jobs.openai_requests import response_format_output
+from jobs.openai_responses import AssistantMessage, FunctionCall, ToolCall
 from service.errors import bad_request
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -34,24 +35,23 @@ class ToolReply:
 
     name: str | None
 
-    def message(self, text: str, finish_reason: str) -> tuple[dict[str, Any], str]:
+    def message(self, text: str, finish_reason: str) -> tuple[AssistantMessage, str]:
         """The assistant message and finish reason for a reply's text (a reply cut short by
         ``max_tokens`` stays plain text: it is not a whole call)."""
         if finish_reason == "length":
-            return {"role": "assistant", "content": text}, finish_reason
+            return AssistantMessage(content=text), finish_reason
         if self.name is not None:
             return _call_message(self.name, text), finish_reason
         try:
             call = json.loads(text)
             return _call_message(call["name"], json.dumps(call["arguments"], ensure_ascii=False)), "tool_calls"
         except (ValueError, KeyError, TypeError):  # only an error output can differ from its grammar
-            return {"role": "assistant", "content": text}, finish_reason
+            return AssistantMessage(content=text), finish_reason
 
 
-def _call_message(name: str, arguments: str) -> dict[str, Any]:
-    call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": name, "arguments": arguments}}
-    return {"role": "assistant", "content": None, "tool_calls": [call]}
+def _call_message(name: str, arguments: str) -> AssistantMessage:
+    call = ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=FunctionCall(name=name, arguments=arguments))
+    return AssistantMessage(content=None, tool_calls=[call])
 
 
 def _required(tools: dict[str, dict[str, Any]]) -> dict[str, Any]:
