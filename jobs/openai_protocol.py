@@ -170,19 +170,23 @@ def _is_shape_tag(part: Any) -> bool:
                                       or "[" in part or part[:1].isupper() or "-" in part)
 
 
+def describe(error: dict[str, Any], prefix: str = "") -> ProtocolError:
+    """One pydantic error (``ValidationError.errors()[0]``) as a one-line ``ProtocolError``."""
+    loc = list(error["loc"])
+    cut = next((i for i, part in enumerate(loc) if _is_shape_tag(part)), None)
+    path = loc if cut is None else loc[:cut]
+    param = prefix + ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in path).replace(".[", "[")
+    last = next((p for p in reversed(path) if isinstance(p, str)), "")
+    if error["type"] == "missing":
+        return ProtocolError(param, f"Missing required parameter: '{param}'.")
+    if cut is not None and last in _SHAPES:
+        return ProtocolError(param, f"{param} {_SHAPES[last]}")
+    return ProtocolError(param or prefix.rstrip("."), f"{param or 'the request'}: {error['msg']}")
+
+
 def parse(model: type[OpenModel], data: Any, prefix: str = "") -> Any:
     """``data`` as ``model``, or a ``ProtocolError`` for its first fault."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        loc = list(error["loc"])
-        cut = next((i for i, part in enumerate(loc) if _is_shape_tag(part)), None)
-        path = loc if cut is None else loc[:cut]
-        param = prefix + ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in path).replace(".[", "[")
-        last = next((p for p in reversed(path) if isinstance(p, str)), "")
-        if error["type"] == "missing":
-            raise ProtocolError(param, f"Missing required parameter: '{param}'.") from None
-        if cut is not None and last in _SHAPES:
-            raise ProtocolError(param, f"{param} {_SHAPES[last]}") from None
-        raise ProtocolError(param or prefix.rstrip("."), f"{param or 'the request'}: {error['msg']}") from None
+        raise describe(exc.errors()[0], prefix) from None

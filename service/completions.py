@@ -2,7 +2,7 @@
 engine, and the answer in the shape the ``openai`` client and lm-evaluation-harness read.
 
 A completions ``prompt`` is a string, a list of strings, a list of token ids or a list of such
-lists; each prompt gets ``n`` choices, numbered prompt by prompt. ``echo`` puts the prompt in
+lists (bodies are read by the routes with ``jobs.openai_protocol``'s models); each prompt gets ``n`` choices, numbered prompt by prompt. ``echo`` puts the prompt in
 front of the text and, with ``logprobs``, the prompt tokens' logprobs in front of the generated
 ones (the first token has none). ``max_tokens: 0`` with ``echo`` scores the prompt and
 generates nothing (the engine samples one token, which is dropped). Every value is checked
@@ -25,7 +25,6 @@ from jobs.openai_protocol import (
     CompletionRequest,
     ProtocolError,
     SamplingFields,
-    parse,
 )
 from jobs.openai_responses import (
     AssistantMessage,
@@ -59,13 +58,9 @@ class EngineAsk:
     tools: ToolReply | None = None  # chat with a forced tool call: the reply becomes tool_calls
 
 
-def _request(model: type[Any], body: dict[str, Any]) -> Any:
-    """The body as its protocol model; an unknown field or a penalty is refused, as OpenAI does."""
-    try:
-        request = parse(model, body)
-    except ProtocolError as exc:
-        code = "missing_required_parameter" if str(exc).startswith("Missing") else "invalid_value"
-        raise bad_request(str(exc), exc.param, code) from None
+def _supported(request: SamplingFields) -> None:
+    """An unknown field or a penalty is refused, as OpenAI does (the route parsed the body with
+    its protocol model, ``jobs.openai_protocol``)."""
     unknown = sorted(request.model_extra or {})
     if unknown:
         raise bad_request(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0], "unknown_parameter")
@@ -76,7 +71,6 @@ def _request(model: type[Any], body: dict[str, Any]) -> Any:
         raise bad_request("logit_bias is not supported by this server", "logit_bias", "unsupported_value")
     if request.stream_options is not None and not request.stream:
         raise bad_request("stream_options can only be given with stream: true", "stream_options", "invalid_value")
-    return request
 
 
 def _not_streamed(stream: bool, values: dict[str, Any]) -> None:
@@ -91,8 +85,7 @@ def refusal(reason: str) -> APIError:
     return bad_request(reason, param, "invalid_prompt" if param == "prompt" else "invalid_value")
 
 
-def check_model(body: dict[str, Any], served: str) -> None:
-    model = body.get("model")
+def check_model(model: str | None, served: str) -> None:
     if model is not None and model != served:
         raise APIError(404, f"The model '{model}' does not exist; this server serves '{served}'.", param="model",
                        code="model_not_found")
@@ -150,8 +143,8 @@ def _prompts(prompt: Any, tokenizer: Any) -> tuple[list[list[int]], list[str]]:
     return ids, texts
 
 
-def completion_ask(body: dict[str, Any], tokenizer: Any) -> EngineAsk:
-    request: CompletionRequest = _request(CompletionRequest, body)
+def completion_ask(request: CompletionRequest, tokenizer: Any) -> EngineAsk:
+    _supported(request)
     if request.suffix:
         raise bad_request("suffix is not supported by this server", "suffix", "unsupported_value")
     n = _at_least(request.n, "n", 1) or 1
@@ -177,8 +170,8 @@ def completion_ask(body: dict[str, Any], tokenizer: Any) -> EngineAsk:
     return EngineAsk(ids, [params] * len(ids), n, echo, logprobs, max_tokens > 0, texts, stream, usage)
 
 
-def chat_ask(body: dict[str, Any], tokenizer: Any, default_max_tokens: int) -> EngineAsk:
-    request: ChatCompletionRequest = _request(ChatCompletionRequest, body)
+def chat_ask(request: ChatCompletionRequest, tokenizer: Any, default_max_tokens: int) -> EngineAsk:
+    _supported(request)
     try:
         turns = [m.turn(f"messages[{i}]") for i, m in enumerate(request.messages)]
     except ProtocolError as exc:

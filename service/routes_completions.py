@@ -12,6 +12,8 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import StreamingResponse
 
 from engine import RequestError
+from jobs.openai_protocol import ChatCompletionRequest, CompletionRequest
+from jobs.openai_responses import ChatCompletion, Completion
 from service.auth import Owner
 from service.completions import (
     EngineAsk,
@@ -55,10 +57,10 @@ async def _stream(request: Request, ask: EngineAsk, chat: bool, tokenizer: Any) 
     return StreamingResponse(lines, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-@router.post("/completions")
-async def completions(request: Request, owner: Owner, body: Annotated[dict[str, Any], Body()]) -> Any:
+@router.post("/completions", response_model=Completion)
+async def completions(request: Request, owner: Owner, body: Annotated[CompletionRequest, Body()]) -> Any:
     settings = request.app.state.settings
-    check_model(body, settings.model_name)
+    check_model(body.model, settings.model_name)
     tokenizer = await asyncio.to_thread(_tokenizer, request)
     ask = await asyncio.to_thread(completion_ask, body, tokenizer)
     if ask.stream:
@@ -67,10 +69,10 @@ async def completions(request: Request, owner: Owner, body: Annotated[dict[str, 
     return await asyncio.to_thread(completion_body, ask, outs, settings.model_name, tokenizer)
 
 
-@router.post("/chat/completions")
-async def chat_completions(request: Request, owner: Owner, body: Annotated[dict[str, Any], Body()]) -> Any:
+@router.post("/chat/completions", response_model=ChatCompletion)
+async def chat_completions(request: Request, owner: Owner, body: Annotated[ChatCompletionRequest, Body()]) -> Any:
     settings = request.app.state.settings
-    check_model(body, settings.model_name)
+    check_model(body.model, settings.model_name)
     tokenizer = await asyncio.to_thread(_tokenizer, request)
     ask = await asyncio.to_thread(chat_ask, body, tokenizer, settings.default_max_tokens)
     if ask.stream:

@@ -210,3 +210,25 @@ def test_forced_tool_calls(client):
         with pytest.raises(openai.BadRequestError) as exc:
             client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=4, **extra)
         assert exc.value.body["param"] == param, (extra, exc.value.body)
+
+
+def test_bodies_are_read_by_the_protocol_models(server, client):
+    """One definition per body: the route's schema is the model's, and a shape error names its field."""
+    schema = httpx.get(f"{server.url}/openapi.json", timeout=10).json()
+    components = schema["components"]["schemas"]
+    assert {"CompletionRequest", "ChatCompletionRequest", "Completion", "ChatCompletion"} <= set(components)
+    assert "stream_options" in components["ChatCompletionRequest"]["properties"]
+    for extra, param, message in (
+            ({"prompt": 3}, "prompt", "prompt must be a string, a list of strings, a list of token ids or a list "
+                                      "of token-id lists"),
+            ({"temperature": "hot"}, "temperature", "temperature: Input should be a valid number"),
+            ({"prompt": None}, "prompt", "prompt must be a string, a list of strings, a list of token ids or a "
+                                         "list of token-id lists")):
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.completions.create(**{"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2, **extra})
+        assert (exc.value.body["param"], exc.value.body["message"]) == (param, message)
+    answer = httpx.post(f"{server.url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=30,
+                        json={"model": MODEL_NAME, "max_tokens": 2, "user": "u1", "metadata": {"a": "b"}, "tools": [],
+                              "messages": [{"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+                                           {"role": "user", "content": "Hi"}]})
+    assert answer.status_code == 200 and answer.json()["object"] == "chat.completion"
