@@ -72,6 +72,7 @@ def create_app(settings: ServiceSettings, runner: Runner | None = None, *, load_
                 "model": settings.model_name}
 
     @app.get("/readyz")
+    @app.get("/health", include_in_schema=False)  # vllm serve's name for the same answer
     def readyz() -> Response:
         """200 once the live engine is built and warmed; 503 (with the reason if loading failed) before."""
         if live.ready:

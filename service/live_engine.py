@@ -145,6 +145,7 @@ class LiveEngine:
             for call in calls:
                 call.future.set_exception(exc)
             return None
+        self.metrics.start(engine)
         self.engine, self.ready, self.load_error = engine, True, None
         return engine
 
@@ -179,6 +180,7 @@ class LiveEngine:
         for stub in gone:
             self.aborted += self._abort(engine, stub.future, live)
         if not engine.has_unfinished():
+            self.metrics.gauges(engine)  # (aborts may have emptied it: no step will say so)
             return
         started = time.monotonic()
         try:

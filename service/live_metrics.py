@@ -66,12 +66,22 @@ class LiveMetrics:
         """An aborted request: no latency is recorded for it."""
         self._times.pop(request_id, None)
 
+    def start(self, engine: Any) -> None:
+        """The engine is built and warmed: the gauges read from now on, and the warm-up's prompt
+        is not counted as a prefix-cache query."""
+        self._queries, self._hits = engine.scheduler.prefix_query_tokens, engine.scheduler.prefix_hit_tokens
+        self.after_step(engine, 0.0, 0.0)
+
     def after_step(self, engine: Any, started: float, now: float) -> None:
         """After one step that began at ``started``: queue times and first tokens, and the gauges."""
         for request_id, times in self._times.items():
             state = engine.requests.get(request_id)
             if state is not None:
                 self._progress(times, state.seqs, started, now)
+        self.gauges(engine)
+
+    def gauges(self, engine: Any) -> None:
+        """Running, waiting, KV use and the prefix-cache counters, as the engine stands now."""
         scheduler, blocks = engine.scheduler, engine.block_manager
         RUNNING.labels(self.model_name).set(len(scheduler.running))
         WAITING.labels(self.model_name).set(len(scheduler.waiting))

@@ -118,6 +118,8 @@ def _scrape(url: str) -> dict[tuple[str, str], float]:
 
 def test_latency_metrics_move_after_a_request(server, client):
     before = _scrape(server.url)
+    assert before[("vllm:num_requests_running", MODEL_NAME)] == 0  # set once the engine is ready
+    assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
     client.completions.create(model=MODEL_NAME, prompt=PROMPTS[0], max_tokens=6, temperature=0)
     after = _scrape(server.url)
     for name in ("vllm:time_to_first_token_seconds_count", "vllm:time_per_output_token_seconds_count",
@@ -138,6 +140,7 @@ def test_ready_only_once_the_model_is_loaded(tmp_path):
     idle = TestClient(create_app(settings, RecordingRunner()))
     assert idle.get("/healthz").status_code == 200
     assert idle.get("/readyz").status_code == 503 and idle.get("/readyz").json()["status"] == "loading"
+    assert idle.get("/health").status_code == 503
     with TestClient(create_app(settings, RecordingRunner(), load_model=True)) as loading:
         failed = wait_until(lambda: loading.get("/readyz").json().get("error"), 60, "the load failed")
         assert loading.get("/readyz").status_code == 503 and "no-model" in failed
