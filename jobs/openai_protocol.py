@@ -106,6 +106,10 @@ class SamplingFields(OpenModel):
     metadata: dict[str, Any] | None = None
     store: bool | None = None
     service_tier: str | None = None
+    # vLLM's extensions, as ``vllm serve`` takes them (the openai client's ``extra_body``)
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    structured_outputs: dict[str, Any] | None = None  # {json | regex | choice | grammar | json_object}
 
     @property
     def stops(self) -> list[str] | None:

@@ -40,7 +40,7 @@ CONVERTED_PATTERN = "requests-*.jsonl"  # the converted shards' names: requests-
 MAX_REPORTED_ERRORS = 10
 SAMPLING_FIELD = "sampling"
 _SAMPLING_KEYS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "logprobs",
-                  "top_logprobs", "response_format")
+                  "top_logprobs", "response_format", "ignore_eos", "stop_token_ids", "structured_outputs")
 # Body keys that change nothing here and are accepted silently.
 _IGNORED = {"model", "user", "metadata", "store", "stream", "service_tier"}
 
@@ -109,6 +109,13 @@ def _sampling(body: SamplingFields, max_tokens: int | None, logprobs: int | None
         structured = response_format_output(response_format)
         if structured is not None:
             values["structured_output"] = structured
+    for key in ("ignore_eos", "stop_token_ids"):
+        if getattr(body, key) is not None:
+            values[key] = getattr(body, key)
+    if body.structured_outputs is not None:
+        if "structured_output" in values:
+            raise ValueError("body.structured_outputs cannot be combined with body.response_format")
+        values["structured_output"] = body.structured_outputs
     try:
         SamplingParams.from_dict(values)
     except (TypeError, ValueError) as exc:

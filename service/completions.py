@@ -104,12 +104,22 @@ def _sampling(request: SamplingFields, max_tokens: int, **extra: Any) -> Samplin
             values[name] = getattr(request, name)
     if request.stop is not None:
         values["stop"] = request.stops
+    for name in ("ignore_eos", "stop_token_ids"):
+        if getattr(request, name) is not None:
+            values[name] = getattr(request, name)
+    if request.structured_outputs is not None:
+        if "structured_output" in values:
+            raise bad_request("structured_outputs cannot be combined with response_format or a forced tool_choice",
+                              "structured_outputs", "invalid_value")
+        values["structured_output"] = request.structured_outputs
     try:
         return SamplingParams(**values)
     except (TypeError, ValueError) as exc:
         message = str(exc)
         param = next((k for k in values if message.startswith(k)), None) or next(
             (k for k in values if re.search(rf"\b{k}\b", message)), None)
+        if param == "structured_output" or "structured_output" in message:
+            param = "response_format" if request.structured_outputs is None else "structured_outputs"
         raise bad_request(message, param, "invalid_value") from None
 
 

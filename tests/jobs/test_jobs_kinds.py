@@ -230,9 +230,10 @@ def test_openai_batch_per_line_sampling(tmp_path: Path) -> None:
                    logprobs=True, top_logprobs=4, response_format={"type": "json_schema",
                                                                    "json_schema": {"name": "s", "schema": schema}}),
         batch_line("c", "z", logprobs=True, response_format={"type": "json_object"}),
+        batch_line("d", "w", ignore_eos=True, structured_outputs={"choice": ["yes", "no"]}),
     ])
     converted = convert_requests(str(tmp_path / "in"), str(tmp_path / "out"))
-    assert converted.requests == 3
+    assert converted.requests == 4
     # no setting is shared by every request: the plan's sampling is the spec's alone
     spec = JobSpec.from_dict({"name": "b", "kind": "openai_batch", "input": {"url": "in/"}, "output": {"url": "out/"},
                               "sampling": {"max_tokens": 7}}, base_dir=tmp_path)
@@ -245,6 +246,7 @@ def test_openai_batch_per_line_sampling(tmp_path: Path) -> None:
     assert rows[1]["sampling"] == {"max_tokens": 9, "temperature": 0.7, "top_p": 0.5, "seed": 3, "stop": ["\n"],
                                    "n": 2, "logprobs": 4, "structured_output": {"json": schema}}
     assert rows[2]["sampling"] == {"logprobs": 0, "structured_output": {"json_object": True}}
+    assert rows[3]["sampling"] == {"ignore_eos": True, "structured_output": {"choice": ["yes", "no"]}}
 
 
 @pytest.mark.parametrize(("body", "message"), [

@@ -5,6 +5,7 @@ vLLM-named latency metrics moving after a request."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx2 as httpx
 import jsonschema
@@ -235,3 +236,23 @@ def test_bodies_are_read_by_the_protocol_models(server, client):
                               "messages": [{"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
                                            {"role": "user", "content": "Hi"}]})
     assert answer.status_code == 200 and answer.json()["object"] == "chat.completion"
+
+
+def test_vllm_extensions_through_extra_body(client):
+    """``structured_outputs``, ``ignore_eos`` and ``stop_token_ids`` as ``vllm serve`` takes them."""
+    for seed in range(3):
+        out = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[0], max_tokens=8, temperature=1.0, seed=seed,
+                                        extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+        assert out.choices[0].text in ("yes", "no")
+    digits = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=8, temperature=0,
+                                            extra_body={"structured_outputs": {"regex": "[0-9]{3}"}})
+    assert re.fullmatch("[0-9]{3}", digits.choices[0].message.content)
+    long = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=12, temperature=0,
+                                     extra_body={"ignore_eos": True, "stop_token_ids": []})
+    assert long.usage.completion_tokens == 12
+    for extra, param in (({"structured_outputs": {"bogus": 1}}, "structured_outputs"),
+                         ({"structured_outputs": {"choice": ["a"]}, "response_format": {"type": "json_object"}},
+                          "structured_outputs")):
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=4, extra_body=extra)
+        assert exc.value.body["param"] == param, exc.value.body
