@@ -192,7 +192,7 @@ def chat_ask(request: ChatCompletionRequest, tokenizer: Any, default_max_tokens:
     extra: dict[str, Any] = {"logprobs": top or 0} if wants else {}
     stream = bool(request.stream)
     structured, tools = chat_constraint(request)
-    _not_streamed(stream, {"logprobs": wants, "tool_choice": tools is not None})
+    _not_streamed(stream, {"tool_choice": tools is not None})
     if structured is not None:
         extra["structured_output"] = structured
     params = _sampling(request, max_tokens, **extra)

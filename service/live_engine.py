@@ -46,6 +46,7 @@ class Progress:
     sample: int = 0
     token_ids: list[int] = field(default_factory=list)
     output: RequestOutput | None = None
+    logprobs: list[Any] | None = None  # the new tokens' entries, when the request asks for logprobs
 
 
 Listener = Callable[[list[Progress]], None]
@@ -224,9 +225,10 @@ class LiveEngine:
             sent = call.sent.get(key, 0)
             if ready > sent:
                 tokens = seq.token_ids[seq.num_prompt_tokens + sent : seq.num_prompt_tokens + ready]
+                entries = None if seq.logprobs is None else list(seq.logprobs[sent:ready])
                 call.sent[key] = ready
                 events.setdefault(id(call), (call, []))[1].append(
-                    Progress(call.ids.index(request_id), seq.sample_index, tokens))
+                    Progress(call.ids.index(request_id), seq.sample_index, tokens, logprobs=entries))
 
     @staticmethod
     def _tell(call: _Call, progress: list[Progress]) -> None:

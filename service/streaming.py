@@ -3,7 +3,8 @@
 Each event is ``data: {chunk}``; the stream ends with ``data: [DONE]``. Chunks carry the text a
 choice's new tokens add (``text_completion`` chunks for ``/v1/completions``,
 ``chat.completion.chunk`` with a ``delta`` for chat, whose first chunk per choice gives the
-role); a choice's last chunk has its ``finish_reason``. With ``stream_options.include_usage``
+role, and with ``logprobs`` its new tokens' entries); a choice's last chunk has its
+``finish_reason``. With ``stream_options.include_usage``
 one more chunk, with no choices, gives the usage. A client that goes away cancels the
 generator, which cancels the call: the engine aborts its sequences at the next step.
 """
@@ -30,6 +31,7 @@ from jobs.openai_responses import (
     CompletionChoice,
     Usage,
 )
+from pipeline.openai_output import logprobs_content
 from service.completions import EngineAsk, refusal
 from service.errors import APIError
 from service.live_engine import LiveEngine, Progress
@@ -100,10 +102,16 @@ async def events(live: LiveEngine, ask: EngineAsk, future: Future, queue: asynci
     texts: dict[int, _Text] = {}
     prompt_tokens = completion_tokens = 0
 
-    def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False) -> str:
+    def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False,
+              tokens: tuple[list[int], list[Any] | None] = ([], None)) -> str:
         if chat:
             delta = ChatDelta(role="assistant", content="") if role else ChatDelta(content=text or None)
+            logprobs = None
+            if ask.logprobs is not None and tokens[1]:
+                logprobs = {"content": logprobs_content(tokens[0], tokens[1], ask.logprobs, tokenizer),
+                            "refusal": None}
             return _event(ChatCompletionChunk(**made, choices=[ChatChunkChoice(index=index, delta=delta,
+                                                                                logprobs=logprobs,
                                                                                 finish_reason=finish)]))
         return _event(Completion(**made, choices=[CompletionChoice(index=index, text=text or "",
                                                                    finish_reason=finish)]))
@@ -117,15 +125,17 @@ async def events(live: LiveEngine, ask: EngineAsk, future: Future, queue: asynci
                 if p.output is None:
                     index = p.prompt * ask.n + p.sample
                     piece = texts.setdefault(index, _Text(tokenizer, hold)).add(p.token_ids)
-                    if piece:
-                        yield chunk(index, piece)
+                    if piece or p.logprobs:
+                        yield chunk(index, piece, tokens=(p.token_ids, p.logprobs))
                     continue
                 prompt_tokens += len(p.output.prompt_token_ids)
                 for c in p.output.outputs:
                     index = p.prompt * ask.n + c.index
                     completion_tokens += len(c.token_ids)
-                    piece = texts.setdefault(index, _Text(tokenizer, hold)).finish(c.text)
-                    yield chunk(index, piece, c.finish_reason or "stop")
+                    text = texts.setdefault(index, _Text(tokenizer, hold))
+                    sent = len(text.ids)  # the last step's tokens come with the finished output only
+                    rest = (c.token_ids[sent:], None if c.logprobs is None else c.logprobs[sent:])
+                    yield chunk(index, text.finish(c.text), c.finish_reason or "stop", tokens=rest)
         try:
             future.result()
         except Exception as exc:  # the status line is sent: the failure is an event

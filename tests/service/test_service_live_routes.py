@@ -49,6 +49,12 @@ def test_streamed_chat_says_what_the_plain_answer_says(client):
     assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == plain.usage.model_dump() | {
         "completion_tokens_details": None, "prompt_tokens_details": None}
     assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    scored = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=12, temperature=0,
+                                            logprobs=True, top_logprobs=2)
+    streamed = [e for c in client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=12,
+                                                          temperature=0, logprobs=True, top_logprobs=2, stream=True)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in scored.choices[0].logprobs.content]
 
 
 def test_streamed_completions_keep_choices_apart_and_cut_stop_strings(client):
