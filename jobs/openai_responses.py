@@ -78,15 +78,25 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+class ToolCallDelta(ToolCall):
+    """A streamed tool call: ``index`` says which of the message's calls it adds to."""
+
+    index: int = 0
+
+
 class ChatDelta(BaseModel):
     """What a chunk adds to a choice's message; fields with nothing to add are left out."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
     @model_serializer
     def _given(self) -> dict[str, Any]:
-        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+        out: dict[str, Any] = {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+        if self.tool_calls is not None:
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        return out
 
 
 class ChatChunkChoice(BaseModel):

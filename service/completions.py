@@ -74,6 +74,7 @@ def _supported(request: SamplingFields) -> None:
 
 
 def _not_streamed(stream: bool, values: dict[str, Any]) -> None:
+    """Completions' logprobs and echo are not streamed here (a 400 names them)."""
     for name, value in values.items():
         if stream and value not in (None, False):
             raise bad_request(f"{name} is not available with stream: true on this server", name, "unsupported_value")
@@ -192,7 +193,6 @@ def chat_ask(request: ChatCompletionRequest, tokenizer: Any, default_max_tokens:
     extra: dict[str, Any] = {"logprobs": top or 0} if wants else {}
     stream = bool(request.stream)
     structured, tools = chat_constraint(request)
-    _not_streamed(stream, {"tool_choice": tools is not None})
     if structured is not None:
         extra["structured_output"] = structured
     params = _sampling(request, max_tokens, **extra)

@@ -29,6 +29,7 @@ from jobs.openai_responses import (
     ChatDelta,
     Completion,
     CompletionChoice,
+    ToolCallDelta,
     Usage,
 )
 from pipeline.openai_output import logprobs_content
@@ -93,6 +94,15 @@ def _event(data: BaseModel | dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
 
+def _tool_chunk(chunk: Any, index: int, ask: EngineAsk, text: str, finish: str) -> str:
+    """A forced tool call's one chunk: the whole call (or, cut by max_tokens, the plain text)."""
+    message, finish = ask.tools.message(text, finish)
+    if not message.tool_calls:
+        return chunk(index, message.content, finish)
+    calls = [ToolCallDelta(index=i, **call.model_dump()) for i, call in enumerate(message.tool_calls)]
+    return chunk(index, None, finish, delta=ChatDelta(tool_calls=calls))
+
+
 async def events(live: LiveEngine, ask: EngineAsk, future: Future, queue: asyncio.Queue, *, chat: bool,
                  model: str, tokenizer: Any, include_usage: bool) -> AsyncIterator[str]:
     """The call's chunks as SSE lines, then ``[DONE]``."""
@@ -103,9 +113,10 @@ async def events(live: LiveEngine, ask: EngineAsk, future: Future, queue: asynci
     prompt_tokens = completion_tokens = 0
 
     def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False,
-              tokens: tuple[list[int], list[Any] | None] = ([], None)) -> str:
+              tokens: tuple[list[int], list[Any] | None] = ([], None), delta: ChatDelta | None = None) -> str:
         if chat:
-            delta = ChatDelta(role="assistant", content="") if role else ChatDelta(content=text or None)
+            if delta is None:
+                delta = ChatDelta(role="assistant", content="") if role else ChatDelta(content=text or None)
             logprobs = None
             if ask.logprobs is not None and tokens[1]:
                 logprobs = {"content": logprobs_content(tokens[0], tokens[1], ask.logprobs, tokenizer),
@@ -125,6 +136,8 @@ async def events(live: LiveEngine, ask: EngineAsk, future: Future, queue: asynci
                 if p.output is None:
                     index = p.prompt * ask.n + p.sample
                     piece = texts.setdefault(index, _Text(tokenizer, hold)).add(p.token_ids)
+                    if ask.tools is not None:
+                        continue  # a forced tool call is sent whole, once it is complete
                     if piece or p.logprobs:
                         yield chunk(index, piece, tokens=(p.token_ids, p.logprobs))
                     continue
@@ -135,6 +148,9 @@ async def events(live: LiveEngine, ask: EngineAsk, future: Future, queue: asynci
                     text = texts.setdefault(index, _Text(tokenizer, hold))
                     sent = len(text.ids)  # the last step's tokens come with the finished output only
                     rest = (c.token_ids[sent:], None if c.logprobs is None else c.logprobs[sent:])
+                    if ask.tools is not None:
+                        yield _tool_chunk(chunk, index, ask, c.text, c.finish_reason or "stop")
+                        continue
                     yield chunk(index, text.finish(c.text), c.finish_reason or "stop", tokens=rest)
         try:
             future.result()

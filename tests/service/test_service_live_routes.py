@@ -208,6 +208,14 @@ def test_forced_tool_calls(client):
                             else TIME)
         seen.add(call.function.name)
     assert seen <= {"get_weather", "get_time"} and seen
+    chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=60, temperature=0,
+                                                 tools=TOOLS, tool_choice="required", stream=True))
+    calls = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+    once = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=60, temperature=0, tools=TOOLS,
+                                          tool_choice="required").choices[0]
+    assert [(t.function.name, t.function.arguments) for t in calls] == [
+        (t.function.name, t.function.arguments) for t in once.message.tool_calls]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
     plain = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=4, tools=[])
     assert plain.choices[0].message.tool_calls is None and plain.choices[0].message.content is not None
     for extra, param in (({"tools": TOOLS}, "tool_choice"), ({"tools": TOOLS, "tool_choice": "auto"}, "tool_choice"),
@@ -215,8 +223,7 @@ def test_forced_tool_calls(client):
                          ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
                           "tool_choice"),
                          ({"tools": [{"type": "function"}]}, "tools[0].function"),
-                         ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
-                         ({"tools": TOOLS, "tool_choice": "required", "stream": True}, "tool_choice")):
+                         ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice")):
         with pytest.raises(openai.BadRequestError) as exc:
             client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=4, **extra)
         assert exc.value.body["param"] == param, (extra, exc.value.body)
