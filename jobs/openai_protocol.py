@@ -4,8 +4,8 @@ routes (``service/``) and by the batch-line check (``jobs/openai_requests.py``).
 The models check shapes and types (strictly: ``"5"`` is not an integer); the limits on values
 (``n``, stop strings, logprobs, temperature...) stay where the engine checks them,
 ``SamplingParams``, so a batch line, a live request and a job spec meet the same limits.
-Unknown fields are kept (``model_extra``), not dropped: the live routes refuse them as OpenAI
-does, a batch line ignores them with a warning. Fields a client may send that change nothing
+Unknown fields are kept (``model_extra``), not dropped, and ignored with a warning naming
+them, by the live routes as by ``vllm serve`` and by a batch line. Fields a client may send that change nothing
 here (``user``, ``metadata``, ``store``, ``service_tier``, ``tools: []``...) are declared, so
 they pass everywhere.
 

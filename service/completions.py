@@ -12,6 +12,7 @@ request is held to the same limits as a batch line.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
@@ -39,7 +40,10 @@ from pipeline.openai_output import logprobs_content
 from service.errors import APIError, bad_request
 from service.structured_replies import ToolReply, chat_constraint
 
+log = logging.getLogger(__name__)
+
 MAX_PROMPTS = 2048  # prompts in one request, as OpenAI's
+MAX_NAMED_UNKNOWN = 20  # unknown field names one warning lists (each cut to 64 characters)
 
 
 @dataclass
@@ -59,11 +63,15 @@ class EngineAsk:
 
 
 def _supported(request: SamplingFields) -> None:
-    """An unknown field or a penalty is refused, as OpenAI does (the route parsed the body with
-    its protocol model, ``jobs.openai_protocol``)."""
+    """Unknown fields are ignored with one warning naming them (never their values), as
+    ``vllm serve`` does, so a client's newer harmless fields pass; a declared field this server
+    cannot honour (a penalty, ``logit_bias``) is refused. The route parsed the body with its
+    protocol model, ``jobs.openai_protocol``, which keeps unknown fields in ``model_extra``."""
     unknown = sorted(request.model_extra or {})
     if unknown:
-        raise bad_request(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0], "unknown_parameter")
+        names = ", ".join(repr(name[:64]) for name in unknown[:MAX_NAMED_UNKNOWN])
+        more = f" and {len(unknown) - MAX_NAMED_UNKNOWN} more" if len(unknown) > MAX_NAMED_UNKNOWN else ""
+        log.warning("request body fields ignored: %s%s", names, more)
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(request, name):
             raise bad_request(f"{name} is not supported by this server (only 0)", name, "unsupported_value")

@@ -5,6 +5,7 @@ vLLM-named latency metrics moving after a request."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import httpx2 as httpx
@@ -249,6 +250,30 @@ def test_bodies_are_read_by_the_protocol_models(server, client):
                               "messages": [{"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
                                            {"role": "user", "content": "Hi"}]})
     assert answer.status_code == 200 and answer.json()["object"] == "chat.completion"
+
+
+def test_unknown_fields_are_ignored_with_one_warning_naming_them(client, caplog):
+    """As ``vllm serve``: a field this server does not know passes, and one warning names it
+    (never its value); a known field it cannot honour is still a 400."""
+    secret = "value-that-must-not-be-logged"
+    with caplog.at_level(logging.WARNING, logger="service.completions"):
+        out = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=3, temperature=0,
+                                             extra_body={"future_knob": secret, "prompt_cache_key": secret})
+        plain = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[0], max_tokens=3, temperature=0,
+                                          extra_body={"future_knob": {"nested": secret}})
+    assert out.choices[0].message.content is not None and plain.choices[0].text is not None
+    warnings = [r.getMessage() for r in caplog.records if r.name == "service.completions"]
+    assert warnings == ["request body fields ignored: 'future_knob', 'prompt_cache_key'",
+                        "request body fields ignored: 'future_knob'"]
+    assert secret not in caplog.text
+    for extra, param in (({"tools": TOOLS, "tool_choice": "auto"}, "tool_choice"), ({"presence_penalty": 1.0},
+                                                                                      "presence_penalty")):
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=2, **extra)
+        assert exc.value.body["param"] == param
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(model=MODEL_NAME, prompt="hi", max_tokens=2, stream=True, echo=True)
+    assert exc.value.body["param"] == "echo"
 
 
 def test_vllm_extensions_through_extra_body(client):
