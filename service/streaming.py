@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -36,6 +37,8 @@ from pipeline.openai_output import logprobs_content
 from service.completions import EngineAsk, refusal
 from service.errors import APIError
 from service.live_engine import LiveEngine, Progress
+
+log = logging.getLogger(__name__)
 
 _INCOMPLETE = "\ufffd"  # what a decode of a partial UTF-8 character ends with
 
@@ -128,38 +131,42 @@ async def events(live: LiveEngine, ask: EngineAsk, future: Future, queue: asynci
                                                                    finish_reason=finish)]))
 
     try:
-        if chat:
-            for index in range(len(ask.prompts) * ask.n):
-                yield chunk(index, None, role=True)
-        while (progress := await queue.get()) is not None:
-            for p in progress:
-                if p.output is None:
-                    index = p.prompt * ask.n + p.sample
-                    piece = texts.setdefault(index, _Text(tokenizer, hold)).add(p.token_ids)
-                    if ask.tools is not None:
-                        continue  # a forced tool call is sent whole, once it is complete
-                    if piece or p.logprobs:
-                        yield chunk(index, piece, tokens=(p.token_ids, p.logprobs))
-                    continue
-                prompt_tokens += len(p.output.prompt_token_ids)
-                for c in p.output.outputs:
-                    index = p.prompt * ask.n + c.index
-                    completion_tokens += len(c.token_ids)
-                    text = texts.setdefault(index, _Text(tokenizer, hold))
-                    sent = len(text.ids)  # the last step's tokens come with the finished output only
-                    rest = (c.token_ids[sent:], None if c.logprobs is None else c.logprobs[sent:])
-                    if ask.tools is not None:
-                        yield _tool_chunk(chunk, index, ask, c.text, c.finish_reason or "stop")
-                        continue
-                    yield chunk(index, text.finish(c.text), c.finish_reason or "stop", tokens=rest)
         try:
+            if chat:
+                for index in range(len(ask.prompts) * ask.n):
+                    yield chunk(index, None, role=True)
+            while (progress := await queue.get()) is not None:
+                for p in progress:
+                    if p.output is None:
+                        index = p.prompt * ask.n + p.sample
+                        piece = texts.setdefault(index, _Text(tokenizer, hold)).add(p.token_ids)
+                        if ask.tools is not None:
+                            continue  # a forced tool call is sent whole, once it is complete
+                        if piece or p.logprobs:
+                            yield chunk(index, piece, tokens=(p.token_ids, p.logprobs))
+                        continue
+                    prompt_tokens += len(p.output.prompt_token_ids)
+                    for c in p.output.outputs:
+                        index = p.prompt * ask.n + c.index
+                        completion_tokens += len(c.token_ids)
+                        text = texts.setdefault(index, _Text(tokenizer, hold))
+                        sent = len(text.ids)  # the last step's tokens come with the finished output only
+                        rest = (c.token_ids[sent:], None if c.logprobs is None else c.logprobs[sent:])
+                        if ask.tools is not None:
+                            yield _tool_chunk(chunk, index, ask, c.text, c.finish_reason or "stop")
+                            continue
+                        yield chunk(index, text.finish(c.text), c.finish_reason or "stop", tokens=rest)
             future.result()
-        except Exception as exc:  # the status line is sent: the failure is an event
-            error = APIError(500, f"the engine failed: {type(exc).__name__}: {exc}", code="engine_error")
+        except Exception as exc:  # the engine's or this stream's: the status line is sent, so it is an event
+            if not future.done():
+                live.cancel(future)
+            log.warning("a streamed answer failed: %s: %s", type(exc).__name__, exc)
+            error = APIError(500, f"the answer failed: {type(exc).__name__}: {exc}", code="engine_error")
             yield _event(error.body())
-        if include_usage:
-            last = ChatCompletionChunk if chat else Completion
-            yield _event(last(**made, choices=[], usage=Usage.of(prompt_tokens, completion_tokens)))
+        else:
+            if include_usage:
+                last = ChatCompletionChunk if chat else Completion
+                yield _event(last(**made, choices=[], usage=Usage.of(prompt_tokens, completion_tokens)))
         yield _event("[DONE]")
     finally:
         if not future.done():  # the client went away (or the response failed): stop its sequences

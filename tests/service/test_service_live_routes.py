@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service_stack import MODEL_NAME
 from tenant_support import RecordingRunner
 
+from service import streaming
 from service.app import create_app
 from service.settings import ServiceSettings
 
@@ -114,6 +115,29 @@ def test_a_client_that_hangs_up_frees_its_sequences(server):
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data: {"))
     # the connection is closed: the engine aborts the request rather than running its 900 tokens
+    wait_until(lambda: live.aborted == before + 1, 60, "the request aborted")
+    wait_until(lambda: not live.engine.has_unfinished(), 60, "the engine idle")
+
+
+def test_a_failure_mid_stream_ends_it_with_an_error_event(server, monkeypatch):
+    """A fault after the status line (here the text decoding) is an error event and [DONE], not a
+    cut connection, and the call's sequences are aborted."""
+    def broken(self, token_ids):
+        raise RuntimeError("decoder broke")
+
+    monkeypatch.setattr(streaming._Text, "add", broken)
+    live, before = server.live, server.live.aborted
+    body = {"model": MODEL_NAME, "messages": ASK, "max_tokens": 900, "ignore_eos": True, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {KEY}"}) as response:
+        assert response.status_code == 200
+        events = [e for e in response.read().decode().split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2].removeprefix("data: ")) == {"error": {
+        "message": "the answer failed: RuntimeError: decoder broke", "type": "server_error", "param": None,
+        "code": "engine_error"}}
+    assert all('"usage"' not in e or '"usage":null' in e for e in events)  # no usage after a failure
     wait_until(lambda: live.aborted == before + 1, 60, "the request aborted")
     wait_until(lambda: not live.engine.has_unfinished(), 60, "the engine idle")
 
