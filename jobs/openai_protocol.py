@@ -122,6 +122,7 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
+    response_format: ResponseFormat | None = None  # vLLM's extension: constrained as on chat
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -38,7 +38,7 @@ from jobs.openai_responses import (
 )
 from pipeline.openai_output import logprobs_content
 from service.errors import APIError, bad_request
-from service.structured_replies import ToolReply, chat_constraint
+from service.structured_replies import ToolReply, chat_constraint, format_constraint
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class EngineAsk:
     stream: bool = False  # answered as server-sent events (service.streaming)
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
     tools: ToolReply | None = None  # chat with a forced tool call: the reply becomes tool_calls
+    constraint: str | None = None  # the field that asked for structured output, named in its errors
 
 
 def _supported(request: SamplingFields) -> None:
@@ -88,10 +89,21 @@ def _not_streamed(stream: bool, values: dict[str, Any]) -> None:
             raise bad_request(f"{name} is not available with stream: true on this server", name, "unsupported_value")
 
 
-def refusal(reason: str) -> APIError:
-    """The 400 for a prompt the engine refused, naming the field at fault."""
-    param = "response_format" if "structured_output" in reason else "prompt"
-    return bad_request(reason, param, "invalid_prompt" if param == "prompt" else "invalid_value")
+def refused_prompt(reason: str, ask: EngineAsk) -> APIError:
+    """The 400 for a prompt the engine refused, naming the field at fault: a constraint that
+    does not compile (or too slowly) is the fault of the field that asked for it."""
+    if "structured_output" in reason and ask.constraint is not None:
+        return bad_request(f"{ask.constraint}: {reason}", ask.constraint, "invalid_value")
+    return bad_request(reason, "prompt", "invalid_prompt")
+
+
+def _constraint(request: SamplingFields, tools: bool = False) -> str | None:
+    """Which field asked for structured output (``structured_outputs`` cannot be combined)."""
+    if request.structured_outputs is not None:
+        return "structured_outputs"
+    if tools:
+        return "tools"
+    return "response_format" if getattr(request, "response_format", None) is not None else None
 
 
 def check_model(model: str | None, served: str) -> None:
@@ -106,7 +118,8 @@ def _at_least(value: int | None, name: str, low: int) -> int | None:
     return value
 
 
-def _sampling(request: SamplingFields, max_tokens: int, **extra: Any) -> SamplingParams:
+def _sampling(request: SamplingFields, max_tokens: int, constraint: str | None = None, **extra: Any
+              ) -> SamplingParams:
     values: dict[str, Any] = {"max_tokens": max_tokens, "n": _at_least(request.n, "n", 1) or 1, **extra}
     for name in ("temperature", "top_p", "top_k", "seed"):
         if getattr(request, name) is not None:
@@ -127,8 +140,8 @@ def _sampling(request: SamplingFields, max_tokens: int, **extra: Any) -> Samplin
         message = str(exc)
         param = next((k for k in values if message.startswith(k)), None) or next(
             (k for k in values if re.search(rf"\b{k}\b", message)), None)
-        if param == "structured_output" or "structured_output" in message:
-            param = "response_format" if request.structured_outputs is None else "structured_outputs"
+        if (param == "structured_output" or "structured_output" in message) and constraint is not None:
+            param, message = constraint, f"{constraint}: {message}"
         raise bad_request(message, param, "invalid_value") from None
 
 
@@ -181,12 +194,15 @@ def completion_ask(request: CompletionRequest, tokenizer: Any) -> EngineAsk:
         extra["logprobs"] = logprobs
         if echo:
             extra["prompt_logprobs"] = logprobs
+    if (structured := format_constraint(request.response_format)) is not None:
+        extra["structured_output"] = structured
     stream = bool(request.stream)
     _not_streamed(stream, {"echo": echo, "logprobs": logprobs})
-    params = _sampling(request, max(1, max_tokens), **extra)
+    params = _sampling(request, max(1, max_tokens), _constraint(request), **extra)
     ids, texts = _prompts(request.prompt, tokenizer)
     usage = bool(request.stream_options and request.stream_options.include_usage)
-    return EngineAsk(ids, [params] * len(ids), n, echo, logprobs, max_tokens > 0, texts, stream, usage)
+    return EngineAsk(ids, [params] * len(ids), n, echo, logprobs, max_tokens > 0, texts, stream, usage,
+                     constraint=_constraint(request))
 
 
 def chat_ask(request: ChatCompletionRequest, tokenizer: Any, default_max_tokens: int) -> EngineAsk:
@@ -203,7 +219,8 @@ def chat_ask(request: ChatCompletionRequest, tokenizer: Any, default_max_tokens:
     structured, tools = chat_constraint(request)
     if structured is not None:
         extra["structured_output"] = structured
-    params = _sampling(request, max_tokens, **extra)
+    constraint = _constraint(request, tools is not None)
+    params = _sampling(request, max_tokens, constraint, **extra)
     try:
         ids = chat_token_ids(tokenizer, turns)
     except Exception as exc:  # a template that refuses the conversation (e.g. roles out of order)
@@ -211,7 +228,7 @@ def chat_ask(request: ChatCompletionRequest, tokenizer: Any, default_max_tokens:
                           "invalid_value") from None
     usage = bool(request.stream_options and request.stream_options.include_usage)
     return EngineAsk([ids], [params], params.n, logprobs=(top or 0) if wants else None, stream=stream,
-                     include_usage=usage, tools=tools)
+                     include_usage=usage, tools=tools, constraint=constraint)
 
 
 def _legacy_logprobs(out: RequestOutput, sample: int, ask: EngineAsk, prompt_text: str, tokenizer: Any

@@ -22,7 +22,7 @@ from service.completions import (
     check_model,
     completion_ask,
     completion_body,
-    refusal,
+    refused_prompt,
 )
 from service.errors import APIError
 from service.live_engine import LiveEngine
@@ -31,13 +31,13 @@ from service.streaming import events, open_call
 router = APIRouter(prefix="/v1")
 
 
-async def _run(request: Request, prompts: list[list[int]], params: list) -> list:
+async def _run(request: Request, ask: EngineAsk) -> list:
     live: LiveEngine = request.app.state.live_engine
-    future = live.submit(prompts, params)
+    future = live.submit(ask.prompts, ask.params)
     try:
         return await asyncio.wrap_future(future)
     except RequestError as exc:
-        raise refusal(exc.reason) from None
+        raise refused_prompt(exc.reason, ask) from None
     except asyncio.CancelledError:  # the client disconnected
         live.cancel(future)
         raise
@@ -65,7 +65,7 @@ async def completions(request: Request, owner: Owner, body: Annotated[Completion
     ask = await asyncio.to_thread(completion_ask, body, tokenizer)
     if ask.stream:
         return await _stream(request, ask, False, tokenizer)
-    outs = await _run(request, ask.prompts, ask.params)
+    outs = await _run(request, ask)
     return await asyncio.to_thread(completion_body, ask, outs, settings.model_name, tokenizer)
 
 
@@ -77,5 +77,5 @@ async def chat_completions(request: Request, owner: Owner, body: Annotated[ChatC
     ask = await asyncio.to_thread(chat_ask, body, tokenizer, settings.default_max_tokens)
     if ask.stream:
         return await _stream(request, ask, True, tokenizer)
-    (out,) = await _run(request, ask.prompts, ask.params)
+    (out,) = await _run(request, ask)
     return chat_body(ask, out, settings.model_name, tokenizer)

@@ -34,7 +34,7 @@ from jobs.openai_responses import (
     Usage,
 )
 from pipeline.openai_output import logprobs_content
-from service.completions import EngineAsk, refusal
+from service.completions import EngineAsk, refused_prompt
 from service.errors import APIError
 from service.live_engine import LiveEngine, Progress
 
@@ -85,7 +85,7 @@ async def open_call(live: LiveEngine, ask: EngineAsk) -> tuple[Future, asyncio.Q
         try:
             future.result()
         except RequestError as exc:
-            raise refusal(exc.reason) from None
+            raise refused_prompt(exc.reason, ask) from None
         except Exception as exc:
             raise APIError(500, f"the engine failed: {type(exc).__name__}: {exc}", code="engine_error") from None
     return future, queue

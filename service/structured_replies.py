@@ -2,7 +2,8 @@
 constraint (``engine.structured_output``) is, and the reply's ``tool_calls``.
 
 - ``response_format`` ``json_object`` gives any JSON object, ``json_schema`` the schema's
-  (``strict`` or not: the schema is always enforced), as in batches.
+  (``strict`` or not: the schema is always enforced), as in batches; on ``/v1/completions`` too,
+  as ``vllm serve`` takes it.
 - ``tools`` with ``tool_choice`` naming a function constrains the reply to that function's
   ``parameters`` schema; the reply is one ``tool_calls`` entry whose ``arguments`` are the text.
 - ``tool_choice: "required"`` constrains the reply to ``{"name": one of the tools, "arguments":
@@ -20,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.openai_protocol import ChatCompletionRequest
+from jobs.openai_protocol import ChatCompletionRequest, ResponseFormat
 from jobs.openai_requests import response_format_output
 from jobs.openai_responses import AssistantMessage, FunctionCall, ToolCall
 from service.errors import bad_request
@@ -60,15 +61,20 @@ def _required(tools: dict[str, dict[str, Any]]) -> dict[str, Any]:
                       for name, schema in tools.items()]}
 
 
+def format_constraint(response_format: ResponseFormat | None) -> dict[str, Any] | None:
+    """The engine's structured_output for a ``response_format`` (None: plain text)."""
+    try:
+        return response_format_output(response_format) if response_format else None
+    except ValueError as exc:
+        raise bad_request(str(exc).removeprefix("body."), "response_format", "invalid_value") from None
+
+
 def chat_constraint(request: ChatCompletionRequest) -> tuple[dict[str, Any] | None, ToolReply | None]:
     """The engine's structured_output for a chat request (None: plain text) and, for a forced
     tool call, how to answer it."""
     tools = {t.function.name: t.function.parameters or ANY_OBJECT for t in request.tools or []}
     choice = request.tool_choice or ("auto" if tools else "none")
-    try:
-        structured = response_format_output(request.response_format) if request.response_format else None
-    except ValueError as exc:
-        raise bad_request(str(exc).removeprefix("body."), "response_format", "invalid_value") from None
+    structured = format_constraint(request.response_format)
     if choice == "none":
         return structured, None
     if not tools:

@@ -254,6 +254,33 @@ def test_forced_tool_calls(client):
         assert exc.value.body["param"] == param, (extra, exc.value.body)
 
 
+def test_constraints_are_bounded_and_named_by_the_field_that_asked(client):
+    """The engine's 100k-character bound holds for tools' schemas and response_format on both
+    routes, and a constraint that is refused names the field that asked for it."""
+    huge = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "x" * 90}
+                                             for i in range(1200)}}
+    broken = {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}, "required": ["a"]}
+    for schema, why in ((huge, "the limit is 100000"), (broken, "")):
+        tools = [{"type": "function", "function": {"name": "big", "parameters": schema}}]
+        fmt = {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}}
+        named = {"type": "function", "function": {"name": "big"}}
+        for create, extra, param in (
+                (client.chat.completions.create, {"messages": ASK, "tools": tools, "tool_choice": "required"}, "tools"),
+                (client.chat.completions.create, {"messages": ASK, "tools": tools, "tool_choice": named,
+                                                  "stream": True}, "tools"),
+                (client.completions.create, {"prompt": "hi", "extra_body": {"response_format": fmt}},
+                 "response_format")):
+            with pytest.raises(openai.BadRequestError) as exc:
+                create(model=MODEL_NAME, max_tokens=4, **extra)
+            assert exc.value.body["param"] == param and exc.value.body["message"].startswith(f"{param}: ")
+            assert why in exc.value.body["message"], exc.value.body
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+    for seed in range(2):
+        out = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[0], max_tokens=40, temperature=1.0,
+                                        seed=seed, extra_body={"response_format": fmt})
+        jsonschema.validate(json.loads(out.choices[0].text), ANSWER)
+
+
 def test_bodies_are_read_by_the_protocol_models(server, client):
     """One definition per body: the route's schema is the model's, and a shape error names its field."""
     schema = httpx.get(f"{server.url}/openapi.json", timeout=10).json()
