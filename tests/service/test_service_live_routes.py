@@ -164,7 +164,10 @@ def test_latency_metrics_move_after_a_request(server, client):
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:prefix_cache_hits_total"):
         assert (name, MODEL_NAME) in after
-    assert not any(KEY in label for _, label in after)
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    labels = {name for family in text_string_to_metric_families(text) if family.name.startswith("vllm:")
+              for sample in family.samples for name in sample.labels}
+    assert labels == {"model_name", "finished_reason", "le"} and KEY not in text  # per model, never per key
 
 
 def test_ready_only_once_the_model_is_loaded(tmp_path):
