@@ -9,7 +9,6 @@ import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Request
-from fastapi.responses import StreamingResponse
 
 from engine import RequestError
 from jobs.openai_protocol import ChatCompletionRequest, CompletionRequest
@@ -26,7 +25,7 @@ from service.completions import (
 )
 from service.errors import APIError
 from service.live_engine import LiveEngine
-from service.streaming import events, open_call
+from service.streaming import EventStream, events, open_call
 
 router = APIRouter(prefix="/v1")
 
@@ -49,12 +48,12 @@ def _tokenizer(request: Request) -> Any:
     return request.app.state.live_engine.tokenizer
 
 
-async def _stream(request: Request, ask: EngineAsk, chat: bool, tokenizer: Any) -> StreamingResponse:
+async def _stream(request: Request, ask: EngineAsk, chat: bool, tokenizer: Any) -> EventStream:
     live: LiveEngine = request.app.state.live_engine
     future, queue = await open_call(live, ask)
     lines = events(live, ask, future, queue, chat=chat, model=request.app.state.settings.model_name,
                    tokenizer=tokenizer, include_usage=ask.include_usage)
-    return StreamingResponse(lines, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return EventStream(lines, live, future)
 
 
 @router.post("/completions", response_model=Completion)

@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from engine import RequestError
@@ -89,6 +90,23 @@ async def open_call(live: LiveEngine, ask: EngineAsk) -> tuple[Future, asyncio.Q
         except Exception as exc:
             raise APIError(500, f"the engine failed: {type(exc).__name__}: {exc}", code="engine_error") from None
     return future, queue
+
+
+class EventStream(StreamingResponse):
+    """The SSE response of one call. Once it ends, however it ends, a call still running is
+    cancelled: a client that hangs up before the first chunk was pulled never starts the
+    ``events`` generator, so its ``finally`` would never run."""
+
+    def __init__(self, lines: AsyncIterator[str], live: LiveEngine, future: Future) -> None:
+        super().__init__(lines, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.live, self.future = live, future
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.future.done():
+                self.live.cancel(self.future)
 
 
 def _event(data: BaseModel | dict[str, Any] | str) -> str:

@@ -4,9 +4,11 @@ vLLM-named latency metrics moving after a request."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
+from concurrent.futures import Future
 
 import httpx2 as httpx
 import jsonschema
@@ -140,6 +142,30 @@ def test_a_failure_mid_stream_ends_it_with_an_error_event(server, monkeypatch):
     assert all('"usage"' not in e or '"usage":null' in e for e in events)  # no usage after a failure
     wait_until(lambda: live.aborted == before + 1, 60, "the request aborted")
     wait_until(lambda: not live.engine.has_unfinished(), 60, "the engine idle")
+
+
+def test_a_client_gone_before_the_first_chunk_still_cancels_its_call():
+    """Starlette may never start the chunk generator (whose ``finally`` cancels the call) when the
+    client is gone first; the response itself cancels a call that is still running."""
+    class Engine:
+        cancelled: list[Future] = []
+
+        def cancel(self, future: Future) -> None:
+            self.cancelled.append(future)
+
+    async def lines():
+        yield "data: {}\n\n"
+
+    async def gone() -> dict:
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        pass
+
+    engine, call = Engine(), Future()
+    asyncio.run(streaming.EventStream(lines(), engine, call)({"type": "http", "asgi": {"spec_version": "2.3"}},
+                                                             gone, send))
+    assert engine.cancelled == [call]
 
 
 def _scrape(url: str) -> dict[tuple[str, str], float]:
