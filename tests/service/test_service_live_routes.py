@@ -270,6 +270,18 @@ def test_forced_tool_calls(client):
     assert [(t.function.name, t.function.arguments) for t in calls] == [
         (t.function.name, t.function.arguments) for t in once.message.tool_calls]
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    several = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=60, temperature=1.0, seed=3,
+                                             n=3, tools=TOOLS, tool_choice="required")
+    assert sorted(c.index for c in several.choices) == [0, 1, 2]
+    ids = [c.message.tool_calls[0].id for c in several.choices]  # every choice is its own whole call
+    assert len(set(ids)) == 3 and all(c.finish_reason == "tool_calls" for c in several.choices)
+    streamed = [t for c in client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=60,
+                                                          temperature=1.0, seed=3, n=3, tools=TOOLS,
+                                                          tool_choice="required", stream=True)
+                for choice in c.choices for t in [(choice.index, d.function.name, d.function.arguments)
+                                                  for d in choice.delta.tool_calls or []]]
+    assert sorted(streamed) == sorted((c.index, c.message.tool_calls[0].function.name,
+                                       c.message.tool_calls[0].function.arguments) for c in several.choices)
     plain = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=4, tools=[])
     assert plain.choices[0].message.tool_calls is None and plain.choices[0].message.content is not None
     for extra, param in (({"tools": TOOLS}, "tool_choice"), ({"tools": TOOLS, "tool_choice": "auto"}, "tool_choice"),
