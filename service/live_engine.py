@@ -63,7 +63,7 @@ class _Call:
     arrived: float = 0.0
     ids: list[str] = field(default_factory=list)
     outputs: dict[str, RequestOutput] = field(default_factory=dict)
-    sent: dict[tuple[str, int], int] = field(default_factory=dict)  # (request, sample) -> tokens handed out
+    told: dict[tuple[str, int], int] = field(default_factory=dict)  # (request, sample) -> tokens handed out
 
 
 def engine_settings(model: str, engine_options: dict[str, Any]) -> dict[str, Any]:
@@ -154,7 +154,7 @@ class LiveEngine:
         engine = self._build()
         if engine is None:
             return
-        live: dict[str, _Call] = {}
+        in_flight: dict[str, _Call] = {}
         while True:
             with self._cond:
                 while not self._has_work(engine):
@@ -163,7 +163,7 @@ class LiveEngine:
             # cyclic collector's walks (engine/host.py), as in LLM.generate.
             with objects_frozen_during_call():
                 while True:
-                    self._turn(engine, live)
+                    self._turn(engine, in_flight)
                     with self._cond:
                         if not self._has_work(engine):
                             break
@@ -171,15 +171,15 @@ class LiveEngine:
     def _has_work(self, engine: LLMEngine) -> bool:
         return bool(self._incoming or self._cancelled) or engine.has_unfinished()
 
-    def _turn(self, engine: LLMEngine, live: dict[str, _Call]) -> None:
+    def _turn(self, engine: LLMEngine, in_flight: dict[str, _Call]) -> None:
         """Take the new and cancelled calls, then run one step."""
         with self._cond:
             new, self._incoming = list(self._incoming), deque()
             gone, self._cancelled = list(self._cancelled), deque()
         for call in new:
-            self._add(engine, call, live)
+            self._add(engine, call, in_flight)
         for stub in gone:
-            self.aborted += self._abort(engine, stub.future, live)
+            self.aborted += self._abort(engine, stub.future, in_flight)
         if not engine.has_unfinished():
             self.metrics.gauges(engine)  # (aborts may have emptied it: no step will say so)
             return
@@ -189,26 +189,26 @@ class LiveEngine:
         except Exception as exc:  # a step the engine could not isolate: fail what it holds
             log.exception("completions engine step failed")
             finished = []
-            for call in {id(c): c for c in live.values()}.values():
-                self._abort(engine, call.future, live, exc)
+            for call in {id(c): c for c in in_flight.values()}.values():
+                self._abort(engine, call.future, in_flight, exc)
         now = time.monotonic()
         self.metrics.after_step(engine, started, now)
-        events: dict[int, tuple[_Call, list[Progress]]] = {}
-        for request_id, call in live.items():
+        updates: dict[int, tuple[_Call, list[Progress]]] = {}
+        for request_id, call in in_flight.items():
             if call.listener is not None:
-                self._new_tokens(engine, request_id, call, events)
+                self._new_tokens(engine, request_id, call, updates)
         done: list[_Call] = []
         for out in finished:
             self.metrics.finished(out, started, now)
-            call = live.pop(out.request_id, None)
+            call = in_flight.pop(out.request_id, None)
             if call is None:
                 continue
             call.outputs[out.request_id] = out
             if call.listener is not None:
-                events.setdefault(id(call), (call, []))[1].append(Progress(call.ids.index(out.request_id), output=out))
+                updates.setdefault(id(call), (call, []))[1].append(Progress(call.ids.index(out.request_id), output=out))
             if len(call.outputs) == len(call.ids):
                 done.append(call)
-        for call, progress in events.values():
+        for call, progress in updates.values():
             self._tell(call, progress)
         for call in done:
             if not call.future.done():
@@ -216,18 +216,18 @@ class LiveEngine:
 
     @staticmethod
     def _new_tokens(engine: LLMEngine, request_id: str, call: _Call,
-                    events: dict[int, tuple[_Call, list[Progress]]]) -> None:
+                    updates: dict[int, tuple[_Call, list[Progress]]]) -> None:
         """The tokens a running request's samples sampled since the call was last told."""
         state = engine.requests.get(request_id)
         for seq in state.seqs if state is not None else ():
             ready = seq.num_output_tokens - seq.num_pending_tokens  # an overlapped step's placeholder is not one
             key = (request_id, seq.sample_index)
-            sent = call.sent.get(key, 0)
-            if ready > sent:
-                tokens = seq.token_ids[seq.num_prompt_tokens + sent : seq.num_prompt_tokens + ready]
-                entries = None if seq.logprobs is None else list(seq.logprobs[sent:ready])
-                call.sent[key] = ready
-                events.setdefault(id(call), (call, []))[1].append(
+            told = call.told.get(key, 0)
+            if ready > told:
+                tokens = seq.token_ids[seq.num_prompt_tokens + told : seq.num_prompt_tokens + ready]
+                entries = None if seq.logprobs is None else list(seq.logprobs[told:ready])
+                call.told[key] = ready
+                updates.setdefault(id(call), (call, []))[1].append(
                     Progress(call.ids.index(request_id), seq.sample_index, tokens, logprobs=entries))
 
     @staticmethod
@@ -237,28 +237,28 @@ class LiveEngine:
         except Exception:  # a listener's fault is its call's, never the engine thread's
             log.exception("a completions listener failed")
 
-    def _add(self, engine: LLMEngine, call: _Call, live: dict[str, _Call]) -> None:
+    def _add(self, engine: LLMEngine, call: _Call, in_flight: dict[str, _Call]) -> None:
         for prompt, params in zip(call.prompts, call.params, strict=True):
             request_id = f"live-{next(self._ids)}"
             try:
                 engine.add_request(request_id, prompt, params)
             except RequestError as exc:
-                self._abort(engine, call.future, live, RequestError(None, exc.reason))
+                self._abort(engine, call.future, in_flight, RequestError(None, exc.reason))
                 return
             call.ids.append(request_id)
-            live[request_id] = call
+            in_flight[request_id] = call
             self.metrics.arrived(request_id, call.arrived)
         if call.listener is not None:
             self._tell(call, [])
 
-    def _abort(self, engine: LLMEngine, future: Future, live: dict[str, _Call],
+    def _abort(self, engine: LLMEngine, future: Future, in_flight: dict[str, _Call],
                error: BaseException | None = None) -> int:
         """Drop a call's requests from the engine; returns how many it still held."""
-        dropped = [r for r, c in live.items() if c.future is future]
+        dropped = [r for r, c in in_flight.items() if c.future is future]
         for request_id in dropped:
             engine.abort_request(request_id)
             self.metrics.dropped(request_id)
-            del live[request_id]
+            del in_flight[request_id]
         if error is not None and not future.done():
             future.set_exception(error)
         return len(dropped)

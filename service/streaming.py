@@ -75,7 +75,7 @@ async def open_call(live: LiveEngine, ask: EngineAsk) -> tuple[Future, asyncio.Q
     still a plain 400, before any event is sent."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[list[Progress] | None] = asyncio.Queue()
-    future = live.submit(ask.prompts, ask.params, lambda events: loop.call_soon_threadsafe(queue.put_nowait, events))
+    future = live.submit(ask.prompts, ask.params, lambda progress: loop.call_soon_threadsafe(queue.put_nowait, progress))
     future.add_done_callback(lambda _: loop.call_soon_threadsafe(queue.put_nowait, None))
     try:
         first = await queue.get()
@@ -168,8 +168,8 @@ async def events(live: LiveEngine, ask: EngineAsk, future: Future, queue: asynci
                         index = p.prompt * ask.n + c.index
                         completion_tokens += len(c.token_ids)
                         text = texts.setdefault(index, _Text(tokenizer, hold))
-                        sent = len(text.ids)  # the last step's tokens come with the finished output only
-                        rest = (c.token_ids[sent:], None if c.logprobs is None else c.logprobs[sent:])
+                        seen = len(text.ids)  # the last step's tokens come with the finished output only
+                        rest = (c.token_ids[seen:], None if c.logprobs is None else c.logprobs[seen:])
                         if ask.tools is not None:
                             yield _tool_chunk(chunk, index, ask, c.text, c.finish_reason or "stop")
                             continue
