@@ -163,7 +163,11 @@ class LiveEngine:
             # cyclic collector's walks (engine/host.py), as in LLM.generate.
             with objects_frozen_during_call():
                 while True:
-                    self._turn(engine, in_flight)
+                    try:
+                        self._turn(engine, in_flight)
+                    except Exception as exc:  # outside the step's own guard: fail the calls, keep serving
+                        log.exception("the completions engine's turn failed")
+                        self._fail_all(engine, in_flight, exc)
                     with self._cond:
                         if not self._has_work(engine):
                             break
@@ -176,8 +180,13 @@ class LiveEngine:
         with self._cond:
             new, self._incoming = list(self._incoming), deque()
             gone, self._cancelled = list(self._cancelled), deque()
-        for call in new:
-            self._add(engine, call, in_flight)
+        for position, call in enumerate(new):
+            try:
+                self._add(engine, call, in_flight)
+            except Exception as exc:  # the calls taken but not added would otherwise wait forever
+                for waiting in new[position:]:
+                    self._abort(engine, waiting.future, in_flight, exc)
+                raise
         for stub in gone:
             self.aborted += self._abort(engine, stub.future, in_flight)
         if not engine.has_unfinished():
@@ -250,6 +259,20 @@ class LiveEngine:
             self.metrics.arrived(request_id, call.arrived)
         if call.listener is not None:
             self._tell(call, [])
+
+    def _fail_all(self, engine: LLMEngine, in_flight: dict[str, _Call], error: Exception) -> None:
+        """Every call in flight fails with ``error``: none waits (or streams) forever."""
+        calls = list({id(c): c for c in in_flight.values()}.values())
+        for request_id in list(in_flight):
+            self.metrics.dropped(request_id)
+            try:
+                engine.abort_request(request_id)
+            except Exception:
+                log.exception("cannot abort %s", request_id)
+        in_flight.clear()
+        for call in calls:
+            if not call.future.done():
+                call.future.set_exception(error)
 
     def _abort(self, engine: LLMEngine, future: Future, in_flight: dict[str, _Call],
                error: BaseException | None = None) -> int:

@@ -144,6 +144,29 @@ def test_a_failure_mid_stream_ends_it_with_an_error_event(server, monkeypatch):
     wait_until(lambda: not live.engine.has_unfinished(), 60, "the engine idle")
 
 
+def test_an_engine_thread_fault_fails_its_calls_and_the_next_ones_run(server, monkeypatch):
+    """A fault on the engine thread outside the step's own guard (here the metrics) fails the
+    calls in flight, plain and streamed, instead of leaving them waiting; the thread serves on."""
+    live = server.live
+
+    def broken(*args):
+        raise RuntimeError("metrics broke")
+
+    monkeypatch.setattr(live.metrics, "after_step", broken)
+    body = {"model": MODEL_NAME, "messages": ASK, "max_tokens": 8, "temperature": 0}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    plain = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=headers, timeout=20)
+    assert plain.status_code == 500 and plain.json()["error"]["message"] == (
+        "the engine failed: RuntimeError: metrics broke")
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json={**body, "stream": True}, timeout=20,
+                      headers=headers) as response:
+        events = [e for e in response.read().decode().split("\n\n") if e]
+    assert events[-1] == "data: [DONE]" and "RuntimeError: metrics broke" in events[-2]
+    monkeypatch.undo()
+    wait_until(lambda: not live.engine.has_unfinished(), 60, "the engine idle")
+    assert httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=headers, timeout=20).status_code == 200
+
+
 def test_a_client_gone_before_the_first_chunk_still_cancels_its_call():
     """Starlette may never start the chunk generator (whose ``finally`` cancels the call) when the
     client is gone first; the response itself cancels a call that is still running."""
