@@ -154,6 +154,9 @@ def parse_request(line: str) -> tuple[str, dict[str, Any], dict[str, Any], set[s
         row = {"custom_id": custom_id, "text": prompt, "messages": [{"role": "user", "content": prompt}],
                SAMPLING_FIELD: sampling}
         return custom_id, row, sampling, set(raw) - {"prompt", *_SAMPLING_KEYS, *_IGNORED}
+    if body.tools and body.tool_choice not in (None, "none", "auto"):
+        raise ValueError("body.tool_choice: a forced tool call is answered on the live /v1/chat/completions route "
+                         "only; a batch line would get plain text")
     messages = [m.turn(f"body.messages[{i}]") for i, m in enumerate(body.messages)]
     user_turns = [m["content"] for m in messages if m["role"] == "user"]
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens

@@ -262,6 +262,8 @@ def test_openai_batch_per_line_sampling(tmp_path: Path) -> None:
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "body.messages[0]: only text content parts are supported"),
     ({"temperature": -1}, "body: temperature must be a number >= 0, got -1"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+     "body.tool_choice: a forced tool call is answered on the live /v1/chat/completions route only"),
 ])
 def test_openai_batch_bad_sampling_lines(tmp_path: Path, body: dict[str, Any], message: str) -> None:
     write_jsonl(tmp_path / "in/b.jsonl", [batch_line("a", "x", **body)])
