@@ -256,10 +256,8 @@ def test_json_schema_and_json_object_replies(client):
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == first.choices[0].message.content
     obj = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=40, temperature=0,
                                          response_format={"type": "json_object"})
-    text = obj.choices[0].message.content
-    assert text.startswith("{")
-    if obj.choices[0].finish_reason == "stop":
-        assert isinstance(json.loads(text), dict)
+    assert obj.choices[0].finish_reason == "stop"  # greedy on the tiny model: "{}", well inside 40 tokens
+    assert isinstance(json.loads(obj.choices[0].message.content), dict)
     with pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=4,
                                        response_format={"type": "json_schema", "json_schema": {"name": "x"}})
