@@ -1,17 +1,17 @@
 """The live routes as a vLLM user drives them: ``stream=True`` through the stock ``openai`` client
-and a raw SSE reader, a client that hangs up mid-stream freeing its sequences, readiness, and the
-vLLM-named latency metrics moving after a request."""
+and a raw SSE reader, a client that hangs up mid-stream freeing its sequences, faults mid-stream
+ending in an error event, readiness, the vLLM-named latency metrics moving after a request, and
+the protocol models reading bodies (unknown fields ignored). Structured replies:
+``test_service_live_structured.py``."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import re
 from concurrent.futures import Future
 
 import httpx2 as httpx
-import jsonschema
 import openai
 import pytest
 from fastapi.testclient import TestClient
@@ -20,6 +20,7 @@ from pipeline_support import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from service_stack import MODEL_NAME
 from tenant_support import RecordingRunner
+from test_service_live_structured import ASK, TOOLS
 
 from service import streaming
 from service.app import create_app
@@ -230,119 +231,6 @@ def test_ready_only_once_the_model_is_loaded(tmp_path):
         assert loading.get("/readyz").status_code == 503 and "no-model" in failed
 
 
-ANSWER = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
-          "required": ["answer", "sure"], "additionalProperties": False}
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
-                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
-           "required": ["city", "unit"], "additionalProperties": False}
-TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
-        "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
-ASK = [{"role": "user", "content": "Is the sky blue? Answer in JSON."}]
-
-
-def test_json_schema_and_json_object_replies(client):
-    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER, "strict": True}}
-    for seed in range(3):
-        out = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=40, temperature=1.0,
-                                             seed=seed, response_format=fmt)
-        assert out.choices[0].finish_reason == "stop"
-        jsonschema.validate(json.loads(out.choices[0].message.content), ANSWER)
-    streamed = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=40, temperature=1.0, seed=0,
-                                              response_format=fmt, stream=True)
-    first = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=40, temperature=1.0, seed=0,
-                                           response_format=fmt)
-    assert "".join(c.choices[0].delta.content or "" for c in streamed) == first.choices[0].message.content
-    obj = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=40, temperature=0,
-                                         response_format={"type": "json_object"})
-    assert obj.choices[0].finish_reason == "stop"  # greedy on the tiny model: "{}", well inside 40 tokens
-    assert isinstance(json.loads(obj.choices[0].message.content), dict)
-    with pytest.raises(openai.BadRequestError) as exc:
-        client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=4,
-                                       response_format={"type": "json_schema", "json_schema": {"name": "x"}})
-    assert exc.value.body == {"message": "Missing required parameter: 'response_format.json_schema.schema'.",
-                              "type": "invalid_request_error", "param": "response_format.json_schema.schema",
-                              "code": "missing_required_parameter"}
-
-
-def test_forced_tool_calls(client):
-    named = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=60, temperature=0, tools=TOOLS,
-                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    message = named.choices[0].message
-    assert message.content is None and len(message.tool_calls) == 1
-    assert message.tool_calls[0].function.name == "get_weather" and message.tool_calls[0].id.startswith("call_")
-    jsonschema.validate(json.loads(message.tool_calls[0].function.arguments), WEATHER)
-    seen = set()
-    for seed in range(4):
-        required = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=60, temperature=1.0,
-                                                  seed=seed, tools=TOOLS, tool_choice="required")
-        assert required.choices[0].finish_reason == "tool_calls"
-        (call,) = required.choices[0].message.tool_calls
-        jsonschema.validate(json.loads(call.function.arguments), WEATHER if call.function.name == "get_weather"
-                            else TIME)
-        seen.add(call.function.name)
-    assert seen <= {"get_weather", "get_time"} and seen
-    chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=60, temperature=0,
-                                                 tools=TOOLS, tool_choice="required", stream=True))
-    calls = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
-    once = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=60, temperature=0, tools=TOOLS,
-                                          tool_choice="required").choices[0]
-    assert [(t.function.name, t.function.arguments) for t in calls] == [
-        (t.function.name, t.function.arguments) for t in once.message.tool_calls]
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
-    several = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=60, temperature=1.0, seed=3,
-                                             n=3, tools=TOOLS, tool_choice="required")
-    assert sorted(c.index for c in several.choices) == [0, 1, 2]
-    ids = [c.message.tool_calls[0].id for c in several.choices]  # every choice is its own whole call
-    assert len(set(ids)) == 3 and all(c.finish_reason == "tool_calls" for c in several.choices)
-    streamed = [t for c in client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=60,
-                                                          temperature=1.0, seed=3, n=3, tools=TOOLS,
-                                                          tool_choice="required", stream=True)
-                for choice in c.choices for t in [(choice.index, d.function.name, d.function.arguments)
-                                                  for d in choice.delta.tool_calls or []]]
-    assert sorted(streamed) == sorted((c.index, c.message.tool_calls[0].function.name,
-                                       c.message.tool_calls[0].function.arguments) for c in several.choices)
-    plain = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=4, tools=[])
-    assert plain.choices[0].message.tool_calls is None and plain.choices[0].message.content is not None
-    for extra, param in (({"tools": TOOLS}, "tool_choice"), ({"tools": TOOLS, "tool_choice": "auto"}, "tool_choice"),
-                         ({"tool_choice": "required"}, "tool_choice"),
-                         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-                          "tool_choice"),
-                         ({"tools": [{"type": "function"}]}, "tools[0].function"),
-                         ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice")):
-        with pytest.raises(openai.BadRequestError) as exc:
-            client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=4, **extra)
-        assert exc.value.body["param"] == param, (extra, exc.value.body)
-
-
-def test_constraints_are_bounded_and_named_by_the_field_that_asked(client):
-    """The engine's 100k-character bound holds for tools' schemas and response_format on both
-    routes, and a constraint that is refused names the field that asked for it."""
-    huge = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "x" * 90}
-                                             for i in range(1200)}}
-    broken = {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}, "required": ["a"]}
-    for schema, why in ((huge, "the limit is 100000"), (broken, "")):
-        tools = [{"type": "function", "function": {"name": "big", "parameters": schema}}]
-        fmt = {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}}
-        named = {"type": "function", "function": {"name": "big"}}
-        for create, extra, param in (
-                (client.chat.completions.create, {"messages": ASK, "tools": tools, "tool_choice": "required"}, "tools"),
-                (client.chat.completions.create, {"messages": ASK, "tools": tools, "tool_choice": named,
-                                                  "stream": True}, "tools"),
-                (client.completions.create, {"prompt": "hi", "extra_body": {"response_format": fmt}},
-                 "response_format")):
-            with pytest.raises(openai.BadRequestError) as exc:
-                create(model=MODEL_NAME, max_tokens=4, **extra)
-            assert exc.value.body["param"] == param and exc.value.body["message"].startswith(f"{param}: ")
-            assert why in exc.value.body["message"], exc.value.body
-    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
-    for seed in range(2):
-        out = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[0], max_tokens=40, temperature=1.0,
-                                        seed=seed, extra_body={"response_format": fmt})
-        jsonschema.validate(json.loads(out.choices[0].text), ANSWER)
-
-
 def test_bodies_are_read_by_the_protocol_models(server, client):
     """One definition per body: the route's schema is the model's, and a shape error names its field."""
     schema = httpx.get(f"{server.url}/openapi.json", timeout=10).json()
@@ -387,23 +275,3 @@ def test_unknown_fields_are_ignored_with_one_warning_naming_them(client, caplog)
     with pytest.raises(openai.BadRequestError) as exc:
         client.completions.create(model=MODEL_NAME, prompt="hi", max_tokens=2, stream=True, echo=True)
     assert exc.value.body["param"] == "echo"
-
-
-def test_vllm_extensions_through_extra_body(client):
-    """``structured_outputs``, ``ignore_eos`` and ``stop_token_ids`` as ``vllm serve`` takes them."""
-    for seed in range(3):
-        out = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[0], max_tokens=8, temperature=1.0, seed=seed,
-                                        extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
-        assert out.choices[0].text in ("yes", "no")
-    digits = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=8, temperature=0,
-                                            extra_body={"structured_outputs": {"regex": "[0-9]{3}"}})
-    assert re.fullmatch("[0-9]{3}", digits.choices[0].message.content)
-    long = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=12, temperature=0,
-                                     extra_body={"ignore_eos": True, "stop_token_ids": []})
-    assert long.usage.completion_tokens == 12
-    for extra, param in (({"structured_outputs": {"bogus": 1}}, "structured_outputs"),
-                         ({"structured_outputs": {"choice": ["a"]}, "response_format": {"type": "json_object"}},
-                          "structured_outputs")):
-        with pytest.raises(openai.BadRequestError) as exc:
-            client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=4, extra_body=extra)
-        assert exc.value.body["param"] == param, exc.value.body
