@@ -114,8 +114,8 @@ def _compile(compiler: Any, key: tuple[str, str], so: StructuredOutput, box: dic
     try:
         if kind == "json":
             box["grammar"] = compiler.compile_json_schema(text, any_whitespace=False)
-        elif kind == "json_object":
-            box["grammar"] = compiler.compile_builtin_json_grammar()
+        elif kind == "json_object":  # an object, as OpenAI's json_object promises (the builtin grammar allows any value)
+            box["grammar"] = compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
         elif kind == "regex":
             box["grammar"] = compiler.compile_regex(text)
         elif kind == "choice":

@@ -25,22 +25,28 @@ from typing import Any
 from connectors import file_set_is_current, join_url, list_shards, read_lines, write_file_set
 from engine import SamplingParams
 from jobs.openai_embeddings import EMBEDDING_URLS, embedding_row
+from jobs.openai_protocol import (
+    ALIASES,
+    BODIES,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponseFormat,
+    SamplingFields,
+    parse,
+)
 
 log = logging.getLogger(__name__)
 
 REQUESTS_DIR = "_requests"
 CONVERTED_PATTERN = "requests-*.jsonl"  # the converted shards' names: requests-<part id>.jsonl
-CHAT_URLS = ("/v1/chat/completions", "/chat/completions")
-COMPLETION_URLS = ("/v1/completions", "/completions")  # a raw prompt, no chat template
 MAX_REPORTED_ERRORS = 10
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 SAMPLING_FIELD = "sampling"
 _BEAM_KEYS = ("use_beam_search", "best_of", "length_penalty", "early_stopping")  # vLLM's server's
 _SAMPLING_KEYS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "logprobs",
-                  "top_logprobs", "response_format", *_BEAM_KEYS)
+                  "top_logprobs", "response_format", "ignore_eos", "stop_token_ids", "structured_outputs",
+                  *_BEAM_KEYS)
 # Body keys that change nothing here and are accepted silently.
 _IGNORED = {"model", "user", "metadata", "store", "stream", "service_tier"}
-MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
 
 class OpenAIBatchError(ValueError):
@@ -64,103 +70,75 @@ class Conversion:
 def _endpoint(line: str) -> str:
     """Which endpoint an already validated request line posts to: chat, completions or embeddings."""
     url = json.loads(line).get("url")
-    return "completions" if url in COMPLETION_URLS else "embeddings" if url in EMBEDDING_URLS else "chat"
+    if url in EMBEDDING_URLS:
+        return "embeddings"
+    return "completions" if BODIES[ALIASES.get(url, url)] is CompletionRequest else "chat"
 
 
-def _content_text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(f"{where}: only text content parts are supported")
-            texts.append(part["text"])
-        return "\n".join(texts)
-    if content is None:
-        return ""
-    raise ValueError(f"{where}: content must be a string or a list of text parts")
-
-
-def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("body.messages must be a non-empty list")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in _ROLES:
-            raise ValueError(f"body.messages[{i}]: role must be one of {', '.join(_ROLES)}")
-        out.append({"role": _ROLES[m["role"]], "content": _content_text(m.get("content"), f"body.messages[{i}]")})
-    return out
-
-
-def _response_format(value: Any) -> dict[str, Any] | None:
+def response_format_output(value: ResponseFormat) -> dict[str, Any] | None:
     """OpenAI's response_format as an engine structured_output (None for plain text)."""
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "text":
+    if value.type == "text":
         return None
-    if kind == "json_object":
+    if value.type == "json_object":
         return {"json_object": True}
-    if kind == "json_schema":
-        spec = value.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-            raise ValueError("body.response_format.json_schema.schema must be a JSON object")
-        return {"json": spec["schema"]}
-    raise ValueError(f"body.response_format.type must be text, json_object or json_schema, got {kind!r}")
+    if value.json_schema is None:
+        raise ValueError("body.response_format.json_schema.schema must be a JSON object")
+    return {"json": value.json_schema.schema_}
 
 
-def _logprobs(body: dict[str, Any]) -> int | None:
-    top = body.get("top_logprobs")
-    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS):
-        raise ValueError(f"body.top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {top!r}")
-    if not body.get("logprobs"):
-        if top is not None:
+def _logprobs(body: ChatCompletionRequest) -> int | None:
+    if not body.logprobs:
+        if body.top_logprobs is not None:
             raise ValueError("body.top_logprobs needs body.logprobs = true")
         return None
-    return top or 0
+    return body.top_logprobs or 0
 
 
-def _beam_search(body: dict[str, Any]) -> dict[str, Any]:
+def _beam_search(body: SamplingFields) -> dict[str, Any]:
     """vLLM's beam-search keys: ``use_beam_search`` searches with ``best_of`` beams (default
     ``n``) and returns the ``n`` best; ``length_penalty`` and ``early_stopping`` as in HF."""
-    if not body.get("use_beam_search"):
-        given = [k for k in _BEAM_KEYS[1:] if body.get(k) is not None]
+    if not body.use_beam_search:
+        given = [k for k in _BEAM_KEYS[1:] if getattr(body, k) is not None]
         if given:
             raise ValueError(f"body.{given[0]} needs body.use_beam_search = true")
         return {}
-    width = body.get("best_of") if body.get("best_of") is not None else body.get("n") or 1
-    values = {"beam_width": width}
+    values: dict[str, Any] = {"beam_width": body.best_of if body.best_of is not None else body.n or 1}
     for key in _BEAM_KEYS[2:]:
-        if body.get(key) is not None:
-            values[key] = body[key]
+        if getattr(body, key) is not None:
+            values[key] = getattr(body, key)
     return values
 
 
-def _sampling(body: dict[str, Any]) -> dict[str, Any]:
-    if body.get("stream"):
+def _sampling(body: SamplingFields, max_tokens: int | None, logprobs: int | None,
+              response_format: ResponseFormat | None) -> dict[str, Any]:
+    if body.stream:
         raise ValueError("body.stream: streaming is not available in a batch")
-    values = {}
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    values: dict[str, Any] = {}
     if max_tokens is not None:
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        if max_tokens < 1:
             raise ValueError(f"body.max_tokens must be a positive integer, got {max_tokens!r}")
         values["max_tokens"] = max_tokens
     for key in ("temperature", "top_p", "seed"):
-        if body.get(key) is not None:
-            values[key] = body[key]
-    if body.get("stop") is not None:
-        stop = body["stop"]
-        values["stop"] = [stop] if isinstance(stop, str) else list(stop)
-    if body.get("n") is not None:
-        values["n"] = body["n"]
+        if getattr(body, key) is not None:
+            values[key] = getattr(body, key)
+    if body.stop is not None:
+        values["stop"] = body.stops
+    if body.n is not None:
+        values["n"] = body.n
     values.update(_beam_search(body))
-    logprobs = _logprobs(body)
     if logprobs is not None:
         values["logprobs"] = logprobs
-    if body.get("response_format") is not None:
-        structured = _response_format(body["response_format"])
+    if response_format is not None:
+        structured = response_format_output(response_format)
         if structured is not None:
             values["structured_output"] = structured
+    for key in ("ignore_eos", "stop_token_ids"):
+        if getattr(body, key) is not None:
+            values[key] = getattr(body, key)
+    if body.structured_outputs is not None:
+        if "structured_output" in values:
+            raise ValueError("body.structured_outputs cannot be combined with body.response_format")
+        values["structured_output"] = body.structured_outputs
     try:
         SamplingParams.from_dict(values)
     except (TypeError, ValueError) as exc:
@@ -169,7 +147,8 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_request(line: str) -> tuple[str, dict[str, Any], dict[str, Any], set[str]]:
-    """(custom_id, row, sampling values, ignored body keys) for one request line."""
+    """(custom_id, row, sampling values, ignored body keys) for one request line; the body is
+    read with its url's protocol model (``jobs.openai_protocol.BODIES``)."""
     try:
         request = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -181,33 +160,35 @@ def parse_request(line: str) -> tuple[str, dict[str, Any], dict[str, Any], set[s
         raise ValueError("custom_id must be a non-empty string")
     if str(request.get("method", "")).upper() != "POST":
         raise ValueError(f"method must be POST, got {request.get('method')!r}")
-    if request.get("url") not in CHAT_URLS + COMPLETION_URLS + EMBEDDING_URLS:
-        raise ValueError(f"url must be /v1/chat/completions, /v1/completions or /v1/embeddings, "
-                         f"got {request.get('url')!r}")
-    body = request.get("body")
-    if not isinstance(body, dict):
+    url = ALIASES.get(request.get("url"), request.get("url"))
+    if url not in BODIES and url not in EMBEDDING_URLS:
+        raise ValueError(f"url must be {', '.join(BODIES)} or {EMBEDDING_URLS[0]}, got {request.get('url')!r}")
+    if not isinstance(request.get("body"), dict):
         raise ValueError("body must be a JSON object")
-    if request["url"] in EMBEDDING_URLS:
-        return embedding_row(custom_id, body)
-    if request["url"] in COMPLETION_URLS:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
+    raw = request["body"]
+    if url in EMBEDDING_URLS:
+        return embedding_row(custom_id, raw)
+    body = parse(BODIES[url], raw, prefix="body.")
+    if isinstance(body, CompletionRequest):
+        prompt = body.prompt[0] if isinstance(body.prompt, list) and len(body.prompt) == 1 else body.prompt
         if not isinstance(prompt, str) or not prompt:
             raise ValueError("body.prompt must be a non-empty string (one prompt per request)")
-        if body.get("logprobs") or body.get("response_format") is not None:
+        if body.logprobs is not None or "response_format" in raw:
             raise ValueError("body.logprobs and body.response_format: only for /v1/chat/completions requests")
-        sampling = _sampling(body)
+        sampling = _sampling(body, body.max_tokens, None, None)
         row = {"custom_id": custom_id, "text": prompt, "messages": [{"role": "user", "content": prompt}],
                SAMPLING_FIELD: sampling}
-        return custom_id, row, sampling, set(body) - {"prompt", *_SAMPLING_KEYS, *_IGNORED}
-    messages = _messages(body)
+        return custom_id, row, sampling, set(raw) - {"prompt", *_SAMPLING_KEYS, *_IGNORED}
+    if body.tools and body.tool_choice not in (None, "none", "auto"):
+        raise ValueError("body.tool_choice: a forced tool call is answered on the live /v1/chat/completions route "
+                         "only; a batch line would get plain text")
+    messages = [m.turn(f"body.messages[{i}]") for i, m in enumerate(body.messages)]
     user_turns = [m["content"] for m in messages if m["role"] == "user"]
-    sampling = _sampling(body)
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    sampling = _sampling(body, max_tokens, _logprobs(body), body.response_format)
     row = {"custom_id": custom_id, "text": user_turns[-1] if user_turns else "", "messages": messages,
            SAMPLING_FIELD: sampling}
-    ignored = set(body) - {"messages", *_SAMPLING_KEYS, *_IGNORED}
-    return custom_id, row, sampling, ignored
+    return custom_id, row, sampling, set(raw) - {"messages", *_SAMPLING_KEYS, *_IGNORED}
 
 
 def convert_requests(

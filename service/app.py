@@ -8,10 +8,11 @@ from importlib.resources import files
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from connectors.redaction import redact
 from service import metrics
 from service.batches import BatchAdvancer
 from service.errors import install_handlers
@@ -37,14 +38,19 @@ def make_runner(settings: ServiceSettings) -> Runner:
     return EmbeddedRunner()
 
 
-def create_app(settings: ServiceSettings, runner: Runner | None = None) -> FastAPI:
+def create_app(settings: ServiceSettings, runner: Runner | None = None, *, load_model: bool = False) -> FastAPI:
+    """With ``load_model`` the live engine is built and warmed at start-up (``/readyz`` then turns
+    200); otherwise on the first completion (the in-process tests' apps)."""
     store = Store(settings.storage_url, settings.storage_options)
     runner = runner or make_runner(settings)
     advancer = BatchAdvancer(store, runner, settings)
+    live = LiveEngine(engine_settings(settings.model, settings.engine_options), settings.model_name)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> Any:
         advancer.start()
+        if load_model:
+            live.start()
         yield
         advancer.stop()
 
@@ -53,7 +59,7 @@ def create_app(settings: ServiceSettings, runner: Runner | None = None) -> FastA
     app.state.settings, app.state.store, app.state.runner = settings, store, runner
     app.state.spec_policy = settings.spec_policy()
     app.state.output_owners = OutputOwners(settings.storage_url, settings.storage_options)
-    app.state.live_engine = LiveEngine(engine_settings(settings.model, settings.engine_options))
+    app.state.live_engine = live
     install_handlers(app)
     metrics.install(store)
     app.include_router(files_router)
@@ -69,6 +75,16 @@ def create_app(settings: ServiceSettings, runner: Runner | None = None) -> FastA
     def healthz() -> dict[str, Any]:
         return {"status": "ok", "mode": "fleet" if settings.broker_url else "embedded",
                 "model": settings.model_name}
+
+    @app.get("/readyz")
+    @app.get("/health", include_in_schema=False)  # vllm serve's name for the same answer
+    def readyz() -> Response:
+        """200 once the live engine is built and warmed; 503 (with the reason if loading failed) before."""
+        if live.ready:
+            return JSONResponse({"status": "ready", "model": settings.model_name})
+        body = {"status": "failed" if live.load_error else "loading", "model": settings.model_name}
+        return JSONResponse({**body, **({"error": redact(live.load_error)} if live.load_error else {})},
+                            status_code=503)
 
     @app.get("/metrics")
     def prometheus() -> Response:
@@ -93,4 +109,4 @@ def create_app(settings: ServiceSettings, runner: Runner | None = None) -> FastA
 def serve(settings: ServiceSettings, host: str, port: int) -> None:
     import uvicorn
 
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(settings, load_model=True), host=host, port=port, log_level="warning")

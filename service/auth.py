@@ -1,4 +1,4 @@
-"""Bearer API keys: every route but /healthz, /metrics and the dashboard's static page needs one."""
+"""Bearer API keys: every route but /healthz, /readyz, /health, /metrics and the dashboard needs one."""
 
 from __future__ import annotations
 

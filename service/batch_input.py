@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 
+from jobs.openai_embeddings import EMBEDDING_URLS
+from jobs.openai_protocol import BODIES
 from jobs.openai_requests import parse_request
 from service.errors import APIError, bad_request
 from service.settings import DEFAULT_MAX_BATCH_LINES
 
-SUPPORTED_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+SUPPORTED_ENDPOINTS = (*BODIES, EMBEDDING_URLS[0])  # the urls a batch line may post to: jobs/ says
 KNOWN_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/moderations")
 MAX_SHOWN = 5
 
@@ -59,7 +61,8 @@ def check_upload(data: bytes, max_lines: int = DEFAULT_MAX_BATCH_LINES) -> int:
             continue
         if isinstance(request, dict) and request.get("url") not in SUPPORTED_ENDPOINTS and \
                 request.get("url") in KNOWN_ENDPOINTS:
-            errors.append((n, f"endpoint {request['url']} is not served here; use {', '.join(SUPPORTED_ENDPOINTS)}", "url"))
+            errors.append((n, f"endpoint {request['url']} is not served here; use {', '.join(SUPPORTED_ENDPOINTS)}",
+                           "url"))
             continue
         try:
             custom_id, *_ = parse_request(line)

@@ -2,7 +2,7 @@
 engine, and the answer in the shape the ``openai`` client and lm-evaluation-harness read.
 
 A completions ``prompt`` is a string, a list of strings, a list of token ids or a list of such
-lists; each prompt gets ``n`` choices, numbered prompt by prompt. ``echo`` puts the prompt in
+lists (bodies are read by the routes with ``jobs.openai_protocol``'s models); each prompt gets ``n`` choices, numbered prompt by prompt. ``echo`` puts the prompt in
 front of the text and, with ``logprobs``, the prompt tokens' logprobs in front of the generated
 ones (the first token has none). ``max_tokens: 0`` with ``echo`` scores the prompt and
 generates nothing (the engine samples one token, which is dropped). Every value is checked
@@ -12,6 +12,7 @@ request is held to the same limits as a batch line.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
@@ -20,14 +21,29 @@ from typing import Any
 
 from engine import RequestOutput, SamplingParams
 from engine.chat import chat_token_ids
+from jobs.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ProtocolError,
+    SamplingFields,
+)
+from jobs.openai_responses import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    Usage,
+)
 from pipeline.openai_output import logprobs_content
 from service.errors import APIError, bad_request
+from service.structured_replies import ToolReply, chat_constraint, format_constraint
+
+log = logging.getLogger(__name__)
 
 MAX_PROMPTS = 2048  # prompts in one request, as OpenAI's
-COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "user", "stream",
-          "presence_penalty", "frequency_penalty", "logit_bias"}
-COMPLETION_FIELDS = COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
-CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", "response_format"}
+MAX_NAMED_UNKNOWN = 20  # unknown field names one warning lists (each cut to 64 characters)
 
 
 @dataclass
@@ -41,48 +57,91 @@ class EngineAsk:
     logprobs: int | None = None  # completions: top alternatives per token; chat: top_logprobs
     keep_output: bool = True  # False for max_tokens 0: the sampled token is not part of the answer
     prompt_texts: list[str] | None = None
+    stream: bool = False  # answered as server-sent events (service.streaming)
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
+    tools: ToolReply | None = None  # chat with a forced tool call: the reply becomes tool_calls
+    constraint: str | None = None  # the field that asked for structured output, named in its errors
 
 
-def _check_fields(body: dict[str, Any], allowed: set[str]) -> None:
-    unknown = sorted(set(body) - allowed)
+def _supported(request: SamplingFields) -> None:
+    """Unknown fields are ignored with one warning naming them (never their values), as
+    ``vllm serve`` does, so a client's newer harmless fields pass; a declared field this server
+    cannot honour (a penalty, ``logit_bias``) is refused. The route parsed the body with its
+    protocol model, ``jobs.openai_protocol``, which keeps unknown fields in ``model_extra``."""
+    unknown = sorted(request.model_extra or {})
     if unknown:
-        raise bad_request(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0], "unknown_parameter")
-    if body.get("stream"):
-        raise bad_request("stream is not supported by this server; send stream: false", "stream", "unsupported_value")
+        names = ", ".join(repr(name[:64]) for name in unknown[:MAX_NAMED_UNKNOWN])
+        more = f" and {len(unknown) - MAX_NAMED_UNKNOWN} more" if len(unknown) > MAX_NAMED_UNKNOWN else ""
+        log.warning("request body fields ignored: %s%s", names, more)
     for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name):
+        if getattr(request, name):
             raise bad_request(f"{name} is not supported by this server (only 0)", name, "unsupported_value")
-    if body.get("logit_bias"):
+    if request.logit_bias:
         raise bad_request("logit_bias is not supported by this server", "logit_bias", "unsupported_value")
+    if request.stream_options is not None and not request.stream:
+        raise bad_request("stream_options can only be given with stream: true", "stream_options", "invalid_value")
 
 
-def check_model(body: dict[str, Any], served: str) -> None:
-    model = body.get("model")
+def _not_streamed(stream: bool, values: dict[str, Any]) -> None:
+    """Completions' logprobs and echo are not streamed here (a 400 names them)."""
+    for name, value in values.items():
+        if stream and value not in (None, False):
+            raise bad_request(f"{name} is not available with stream: true on this server", name, "unsupported_value")
+
+
+def refused_prompt(reason: str, ask: EngineAsk) -> APIError:
+    """The 400 for a prompt the engine refused, naming the field at fault: a constraint that
+    does not compile (or too slowly) is the fault of the field that asked for it."""
+    if "structured_output" in reason and ask.constraint is not None:
+        return bad_request(f"{ask.constraint}: {reason}", ask.constraint, "invalid_value")
+    return bad_request(reason, "prompt", "invalid_prompt")
+
+
+def _constraint(request: SamplingFields, tools: bool = False) -> str | None:
+    """Which field asked for structured output (``structured_outputs`` cannot be combined)."""
+    if request.structured_outputs is not None:
+        return "structured_outputs"
+    if tools:
+        return "tools"
+    return "response_format" if getattr(request, "response_format", None) is not None else None
+
+
+def check_model(model: str | None, served: str) -> None:
     if model is not None and model != served:
         raise APIError(404, f"The model '{model}' does not exist; this server serves '{served}'.", param="model",
                        code="model_not_found")
 
 
-def _int(body: dict[str, Any], name: str, default: int | None, low: int) -> int | None:
-    value = body.get(name, default)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+def _at_least(value: int | None, name: str, low: int) -> int | None:
+    if value is not None and value < low:
         raise bad_request(f"{name} must be an integer >= {low}, got {value!r}", name, "invalid_value")
     return value
 
 
-def _sampling(body: dict[str, Any], max_tokens: int, **extra: Any) -> SamplingParams:
-    values: dict[str, Any] = {"max_tokens": max_tokens, "n": _int(body, "n", 1, 1), **extra}
-    for name in ("temperature", "top_p", "top_k", "seed", "stop"):
-        if body.get(name) is not None:
-            values[name] = body[name]
+def _sampling(request: SamplingFields, max_tokens: int, constraint: str | None = None, **extra: Any
+              ) -> SamplingParams:
+    values: dict[str, Any] = {"max_tokens": max_tokens, "n": _at_least(request.n, "n", 1) or 1, **extra}
+    for name in ("temperature", "top_p", "top_k", "seed"):
+        if getattr(request, name) is not None:
+            values[name] = getattr(request, name)
+    if request.stop is not None:
+        values["stop"] = request.stops
+    for name in ("ignore_eos", "stop_token_ids"):
+        if getattr(request, name) is not None:
+            values[name] = getattr(request, name)
+    if request.structured_outputs is not None:
+        if "structured_output" in values:
+            raise bad_request("structured_outputs cannot be combined with response_format or a forced tool_choice",
+                              "structured_outputs", "invalid_value")
+        values["structured_output"] = request.structured_outputs
     try:
         return SamplingParams(**values)
     except (TypeError, ValueError) as exc:
         message = str(exc)
         param = next((k for k in values if message.startswith(k)), None) or next(
             (k for k in values if re.search(rf"\b{k}\b", message)), None)
+        if (param == "structured_output" or "structured_output" in message) and constraint is not None:
+            param, message = constraint, f"{constraint}: {message}"
         raise bad_request(message, param, "invalid_value") from None
 
 
@@ -116,20 +175,17 @@ def _prompts(prompt: Any, tokenizer: Any) -> tuple[list[list[int]], list[str]]:
     return ids, texts
 
 
-def completion_ask(body: dict[str, Any], tokenizer: Any) -> EngineAsk:
-    _check_fields(body, COMPLETION_FIELDS)
-    if "prompt" not in body:
-        raise bad_request("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter")
-    if body.get("suffix"):
+def completion_ask(request: CompletionRequest, tokenizer: Any) -> EngineAsk:
+    _supported(request)
+    if request.suffix:
         raise bad_request("suffix is not supported by this server", "suffix", "unsupported_value")
-    n = _int(body, "n", 1, 1)
-    if _int(body, "best_of", n, 1) != n:
+    n = _at_least(request.n, "n", 1) or 1
+    if (_at_least(request.best_of, "best_of", 1) or n) != n:
         raise bad_request("best_of must equal n on this server", "best_of", "unsupported_value")
-    echo = body.get("echo", False)
-    if not isinstance(echo, bool):
-        raise bad_request(f"echo must be a boolean, got {echo!r}", "echo", "invalid_value")
-    max_tokens = _int(body, "max_tokens", 16, 0)
-    logprobs = _int(body, "logprobs", None, 0)
+    echo = request.echo
+    max_tokens = _at_least(request.max_tokens, "max_tokens", 0)
+    max_tokens = 16 if max_tokens is None else max_tokens
+    logprobs = _at_least(request.logprobs, "logprobs", 0)
     if max_tokens == 0 and not echo:
         raise bad_request("max_tokens 0 needs echo: true (there is nothing else to return)", "max_tokens",
                           "invalid_value")
@@ -138,39 +194,45 @@ def completion_ask(body: dict[str, Any], tokenizer: Any) -> EngineAsk:
         extra["logprobs"] = logprobs
         if echo:
             extra["prompt_logprobs"] = logprobs
-    params = _sampling(body, max(1, max_tokens), **extra)
-    ids, texts = _prompts(body["prompt"], tokenizer)
-    return EngineAsk(ids, [params] * len(ids), n, echo, logprobs, max_tokens > 0, texts)
+    if (structured := format_constraint(request.response_format)) is not None:
+        extra["structured_output"] = structured
+    stream = bool(request.stream)
+    _not_streamed(stream, {"echo": echo, "logprobs": logprobs})
+    params = _sampling(request, max(1, max_tokens), _constraint(request), **extra)
+    ids, texts = _prompts(request.prompt, tokenizer)
+    usage = bool(request.stream_options and request.stream_options.include_usage)
+    return EngineAsk(ids, [params] * len(ids), n, echo, logprobs, max_tokens > 0, texts, stream, usage,
+                     constraint=_constraint(request))
 
 
-def chat_ask(body: dict[str, Any], tokenizer: Any, default_max_tokens: int) -> EngineAsk:
-    _check_fields(body, CHAT_FIELDS)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages):
-        raise bad_request("messages must be a non-empty list of {role, content} objects with text content",
-                          "messages", "invalid_value")
-    if body.get("response_format") not in (None, {"type": "text"}):
-        raise bad_request("response_format is supported in batches (/v1/batches), not here", "response_format",
-                          "unsupported_value")
-    max_tokens = _int(body, "max_completion_tokens", None, 1) or _int(body, "max_tokens", default_max_tokens, 1)
-    top = _int(body, "top_logprobs", None, 0)
-    wants = body.get("logprobs", False)
-    if not isinstance(wants, bool):
-        raise bad_request(f"logprobs must be a boolean, got {wants!r}", "logprobs", "invalid_value")
-    extra = {"logprobs": top or 0} if wants else {}
-    params = _sampling(body, max_tokens, **extra)
+def chat_ask(request: ChatCompletionRequest, tokenizer: Any, default_max_tokens: int) -> EngineAsk:
+    _supported(request)
     try:
-        ids = chat_token_ids(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
+        turns = [m.turn(f"messages[{i}]") for i, m in enumerate(request.messages)]
+    except ProtocolError as exc:
+        raise bad_request(str(exc), exc.param, "invalid_value") from None
+    max_tokens = (_at_least(request.max_completion_tokens, "max_completion_tokens", 1)
+                  or _at_least(request.max_tokens, "max_tokens", 1) or default_max_tokens)
+    top, wants = request.top_logprobs, bool(request.logprobs)
+    extra: dict[str, Any] = {"logprobs": top or 0} if wants else {}
+    stream = bool(request.stream)
+    structured, tools = chat_constraint(request)
+    if structured is not None:
+        extra["structured_output"] = structured
+    constraint = _constraint(request, tools is not None)
+    params = _sampling(request, max_tokens, constraint, **extra)
+    try:
+        ids = chat_token_ids(tokenizer, turns)
     except Exception as exc:  # a template that refuses the conversation (e.g. roles out of order)
         raise bad_request(f"messages: the model's chat template cannot render them: {exc}", "messages",
                           "invalid_value") from None
-    return EngineAsk([ids], [params], params.n, logprobs=(top or 0) if wants else None)
+    usage = bool(request.stream_options and request.stream_options.include_usage)
+    return EngineAsk([ids], [params], params.n, logprobs=(top or 0) if wants else None, stream=stream,
+                     include_usage=usage, tools=tools, constraint=constraint)
 
 
 def _legacy_logprobs(out: RequestOutput, sample: int, ask: EngineAsk, prompt_text: str, tokenizer: Any
-                     ) -> dict[str, Any]:
+                     ) -> CompletionLogprobs:
     """``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset`` over the echoed prompt
     (if any) and the generated tokens; offsets count characters from the start of ``text``."""
     top_n = ask.logprobs or 0
@@ -202,10 +264,10 @@ def _legacy_logprobs(out: RequestOutput, sample: int, ask: EngineAsk, prompt_tex
     if ask.keep_output:
         for token_id, entry in zip(completion.token_ids, completion.logprobs or [], strict=False):
             add(token_id, entry, entry[token_id].decoded_token or "")
-    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+    return CompletionLogprobs(tokens=tokens, token_logprobs=values, top_logprobs=tops, text_offset=offsets)
 
 
-def completion_body(ask: EngineAsk, outs: list[RequestOutput], model: str, tokenizer: Any) -> dict[str, Any]:
+def completion_body(ask: EngineAsk, outs: list[RequestOutput], model: str, tokenizer: Any) -> Completion:
     choices, prompt_tokens, generated = [], 0, 0
     for p, out in enumerate(outs):
         prompt_tokens += len(out.prompt_token_ids)
@@ -213,19 +275,15 @@ def completion_body(ask: EngineAsk, outs: list[RequestOutput], model: str, token
             text = completion.text if ask.keep_output else ""
             generated += len(completion.token_ids) if ask.keep_output else 0
             prompt_text = ask.prompt_texts[p] if ask.prompt_texts else ""
-            choices.append({
-                "index": p * ask.n + s,
-                "text": prompt_text + text if ask.echo else text,
-                "logprobs": None if ask.logprobs is None else _legacy_logprobs(out, s, ask, prompt_text, tokenizer),
-                "finish_reason": (completion.finish_reason or "stop") if ask.keep_output else "length",
-            })
-    return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
-            "model": model, "choices": choices,
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
-                      "total_tokens": prompt_tokens + generated}}
+            choices.append(CompletionChoice(
+                index=p * ask.n + s, text=prompt_text + text if ask.echo else text,
+                logprobs=None if ask.logprobs is None else _legacy_logprobs(out, s, ask, prompt_text, tokenizer),
+                finish_reason=(completion.finish_reason or "stop") if ask.keep_output else "length"))
+    return Completion(id=f"cmpl-{uuid.uuid4().hex[:24]}", created=int(time.time()), model=model, choices=choices,
+                      usage=Usage.of(prompt_tokens, generated))
 
 
-def chat_body(ask: EngineAsk, out: RequestOutput, model: str, tokenizer: Any) -> dict[str, Any]:
+def chat_body(ask: EngineAsk, out: RequestOutput, model: str, tokenizer: Any) -> ChatCompletion:
     choices, generated = [], 0
     for completion in out.outputs:
         generated += len(completion.token_ids)
@@ -233,10 +291,9 @@ def chat_body(ask: EngineAsk, out: RequestOutput, model: str, tokenizer: Any) ->
         if ask.logprobs is not None:
             logprobs = {"content": logprobs_content(completion.token_ids, completion.logprobs or [], ask.logprobs,
                                                     tokenizer), "refusal": None}
-        choices.append({"index": completion.index, "message": {"role": "assistant", "content": completion.text},
-                        "logprobs": logprobs, "finish_reason": completion.finish_reason or "stop"})
-    prompt_tokens = len(out.prompt_token_ids)
-    return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
-            "model": model, "choices": choices,
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
-                      "total_tokens": prompt_tokens + generated}}
+        message, finish = AssistantMessage(content=completion.text), completion.finish_reason or "stop"
+        if ask.tools is not None:
+            message, finish = ask.tools.message(completion.text, finish)
+        choices.append(ChatChoice(index=completion.index, message=message, logprobs=logprobs, finish_reason=finish))
+    return ChatCompletion(id=f"chatcmpl-{uuid.uuid4().hex[:24]}", created=int(time.time()), model=model,
+                          choices=choices, usage=Usage.of(len(out.prompt_token_ids), generated))

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from connectors.redaction import redact
+from jobs.openai_protocol import describe
 
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
           409: "invalid_request_error", 413: "invalid_request_error", 500: "server_error"}
@@ -35,11 +36,6 @@ def bad_request(message: str, param: str | None = None, code: str | None = "inva
     return APIError(400, message, param=param, code=code)
 
 
-def _param(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "form", "header")]
-    return ".".join(parts) or "body"
-
-
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -48,13 +44,11 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         """A missing or mistyped field is a 400 naming the field (FastAPI would say 422)."""
-        first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid request"}
-        param = _param(tuple(first.get("loc", ())))
-        message = f"{param}: {first.get('msg', 'invalid value')}"
-        if first.get("type") == "missing":
-            message = f"Missing required parameter: '{param}'."
-        return JSONResponse(bad_request(message, param, "missing_required_parameter" if first.get("type") == "missing"
-                                        else "invalid_value").body(), status_code=400)
+        first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid request", "type": ""}
+        loc = [p for p in first.get("loc", ()) if p not in ("body", "query", "path", "form", "header")]
+        error = describe({**first, "loc": loc})
+        code = "missing_required_parameter" if first.get("type") == "missing" else "invalid_value"
+        return JSONResponse(bad_request(str(error), error.param or "body", code).body(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -21,8 +21,8 @@ from service.settings import ServiceSettings
 
 MULTIPART_ROOM = 64 * 1024
 UPLOAD_PATH = "/v1/files"
-# The only routes that answer without a key: health, Prometheus counts, the dashboard's files.
-KEYLESS_PATHS = frozenset({"/healthz", "/metrics", "/"})
+# The only routes that answer without a key: health and readiness, Prometheus counts, the dashboard.
+KEYLESS_PATHS = frozenset({"/healthz", "/readyz", "/health", "/metrics", "/"})
 KEYLESS_PREFIX = "/static/"
 
 

@@ -7,8 +7,16 @@ finishes. All engine calls happen on this thread.
 
 The engine is its own, not the process's cached one (``pipeline.engine_cache``): that one
 belongs to the embedded runner's thread, which steps it for batch jobs, and two threads may
-not step one engine. It is built on the first request, with the server's ``--model`` and
-``--engine-options``.
+not step one engine. It is built with the server's ``--model`` and ``--engine-options`` when
+``start`` is called (``tokenmill serve`` does at start-up) or on the first request, then warmed
+with one short request; ``ready`` says when both are done (``/readyz``).
+
+A call may pass a ``listener``: after every step it gets the call's new tokens and finished
+prompts (``Progress``), on the engine thread, which is what the streaming routes read. A call
+cancelled because its client went away is aborted at the next step: its sequences free their
+KV blocks at once (``aborted`` counts them). Prompts reach the engine through the keys' fair
+share (``service/fair_share.py``): one key's prompt at a time, in rotation, while the engine has
+room in its batch.
 """
 
 from __future__ import annotations
@@ -16,7 +24,9 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
@@ -25,8 +35,24 @@ from typing import Any
 from engine import EngineConfig, LLMEngine, RequestError, RequestOutput, SamplingParams
 from engine.host import objects_frozen_during_call
 from service.fair_share import FairShare
+from service.live_metrics import LiveMetrics
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Progress:
+    """A prompt of a call moved on in a step: ``token_ids`` are its sample's new tokens; once the
+    prompt is done, ``output`` is its finished output (and ``token_ids`` is empty)."""
+
+    prompt: int
+    sample: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    output: RequestOutput | None = None
+    logprobs: list[Any] | None = None  # the new tokens' entries, when the request asks for logprobs
+
+
+Listener = Callable[[list[Progress]], None]
 
 
 @dataclass
@@ -36,9 +62,12 @@ class _Call:
     prompts: list[list[int]]
     params: list[SamplingParams]
     future: Future
-    owner: str = ""  # the key's owner id: its turn in the fair share
+    listener: Listener | None = None
+    arrived: float = 0.0
     ids: list[str] = field(default_factory=list)
     outputs: dict[str, RequestOutput] = field(default_factory=dict)
+    told: dict[tuple[str, int], int] = field(default_factory=dict)  # (request, sample) -> tokens handed out
+    owner: str = ""  # the key's owner id: its turn in the fair share
 
 
 def engine_settings(model: str, engine_options: dict[str, Any]) -> dict[str, Any]:
@@ -48,8 +77,10 @@ def engine_settings(model: str, engine_options: dict[str, Any]) -> dict[str, Any
 
 
 class LiveEngine:
-    def __init__(self, settings: dict[str, Any], share: FairShare | None = None) -> None:
+    def __init__(self, settings: dict[str, Any], model_name: str | None = None,
+                 share: FairShare | None = None) -> None:
         self.settings = settings
+        self.metrics = LiveMetrics(model_name or str(settings["model"]))
         self.share = share or FairShare()  # the engine is fed from it, one key's prompt at a time
         self.batch = int(settings.get("max_num_seqs") or 64)
         self._cond = threading.Condition()
@@ -59,6 +90,9 @@ class LiveEngine:
         self._thread: threading.Thread | None = None
         self._tokenizer: Any = None
         self.engine: LLMEngine | None = None  # set on the engine thread once built (stats for the curious)
+        self.ready = False  # built and warmed
+        self.load_error: str | None = None  # why the last build failed
+        self.aborted = 0  # engine requests aborted because their client went away
 
     @property
     def tokenizer(self) -> Any:
@@ -70,15 +104,26 @@ class LiveEngine:
             self._tokenizer = load_tokenizer(resolve_model(self.settings["model"]))
         return self._tokenizer
 
-    def submit(self, prompts: list[list[int]], params: list[SamplingParams], owner: str = "") -> Future:
+    def start(self) -> None:
+        """Build and warm the engine now, on its thread, rather than on the first request."""
+        with self._cond:
+            self._start_thread()
+
+    def _start_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._serve, name="tokenmill-live-engine", daemon=True)
+            self._thread.start()
+
+    def submit(self, prompts: list[list[int]], params: list[SamplingParams], listener: Listener | None = None,
+               owner: str = "") -> Future:
         """Queue the prompts; the future gives their outputs in order, or raises the engine's
-        ``RequestError`` for the first one it refuses (the others are then withdrawn)."""
-        call = _Call(prompts, params, Future(), owner)
+        ``RequestError`` for the first one it refuses (the others are then withdrawn). A
+        ``listener`` is called with ``[]`` once all prompts are in, then after each step that
+        moves them on."""
+        call = _Call(prompts, params, Future(), listener, time.monotonic(), owner=owner)
         with self._cond:
             self._incoming.append(call)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._serve, name="tokenmill-live-engine", daemon=True)
-                self._thread.start()
+            self._start_thread()
             self._cond.notify_all()
         return call.future
 
@@ -92,19 +137,31 @@ class LiveEngine:
             self._cancelled.append(_Call([], [], future))
             self._cond.notify_all()
 
-    def _serve(self) -> None:
+    def _build(self) -> LLMEngine | None:
         try:
             engine = LLMEngine(EngineConfig(**self.settings))
+            engine.add_request("warm-up", [min(engine.eos_token_ids, default=0)],
+                               SamplingParams(max_tokens=1, ignore_eos=True))
+            while engine.has_unfinished():
+                engine.step()
         except BaseException as exc:  # every waiting request learns why, and the next one tries again
             log.exception("cannot build the engine for the completions routes")
             with self._cond:
                 calls, self._incoming = list(self._incoming), deque()
                 self._thread = None
+                self.load_error = f"{type(exc).__name__}: {exc}"
             for call in calls:
                 call.future.set_exception(exc)
+            return None
+        self.metrics.start(engine)
+        self.engine, self.ready, self.load_error = engine, True, None
+        return engine
+
+    def _serve(self) -> None:
+        engine = self._build()
+        if engine is None:
             return
-        self.engine = engine
-        live: dict[str, _Call] = {}
+        in_flight: dict[str, _Call] = {}
         while True:
             with self._cond:
                 while not self._has_work(engine):
@@ -113,7 +170,11 @@ class LiveEngine:
             # cyclic collector's walks (engine/host.py), as in LLM.generate.
             with objects_frozen_during_call():
                 while True:
-                    self._turn(engine, live)
+                    try:
+                        self._turn(engine, in_flight)
+                    except Exception as exc:  # outside the step's own guard: fail the calls, keep serving
+                        log.exception("the completions engine's turn failed")
+                        self._fail_all(engine, in_flight, exc)
                     with self._cond:
                         if not self._has_work(engine):
                             break
@@ -121,7 +182,7 @@ class LiveEngine:
     def _has_work(self, engine: LLMEngine) -> bool:
         return bool(self._incoming or self._cancelled or self.share.waiting()) or engine.has_unfinished()
 
-    def _turn(self, engine: LLMEngine, live: dict[str, _Call]) -> None:
+    def _turn(self, engine: LLMEngine, in_flight: dict[str, _Call]) -> None:
         """Take the new and cancelled calls, then run one step."""
         with self._cond:
             new, self._incoming = list(self._incoming), deque()
@@ -130,45 +191,114 @@ class LiveEngine:
             self.share.push(call.owner, call, len(call.prompts))
         for stub in gone:
             self.share.drop(stub.future)
-            self._abort(engine, stub.future, live)
-        room = self.batch - sum(c.params[0].n for c in live.values())
+            self.aborted += self._abort(engine, stub.future, in_flight)
+        room = self.batch - sum(c.params[0].n for c in in_flight.values())
         for call, index in self.share.take(room, self.batch, lambda c, i: c.params[i].n):
-            if not call.future.done():
-                self._add(engine, call, index, live)
+            if call.future.done():
+                continue
+            try:
+                self._add(engine, call, index, in_flight)
+            except Exception as exc:  # that call fails; the others taken with it still go in
+                log.exception("cannot add a completions request")
+                self.share.drop(call.future)
+                self._abort(engine, call.future, in_flight, exc)
         if not engine.has_unfinished():
+            self.metrics.gauges(engine)  # (aborts may have emptied it: no step will say so)
             return
+        started = time.monotonic()
         try:
             finished = engine.step()
         except Exception as exc:  # a step the engine could not isolate: fail what it holds
             log.exception("completions engine step failed")
             finished = []
-            for call in {id(c): c for c in live.values()}.values():
+            for call in {id(c): c for c in in_flight.values()}.values():
                 self.share.drop(call.future)
-                self._abort(engine, call.future, live, exc)
+                self._abort(engine, call.future, in_flight, exc)
+        now = time.monotonic()
+        self.metrics.after_step(engine, started, now)
+        updates: dict[int, tuple[_Call, list[Progress]]] = {}
+        for request_id, call in in_flight.items():
+            if call.listener is not None:
+                self._new_tokens(engine, request_id, call, updates)
+        done: list[_Call] = []
         for out in finished:
-            call = live.pop(out.request_id, None)
+            self.metrics.finished(out, started, now)
+            call = in_flight.pop(out.request_id, None)
             if call is None:
                 continue
             call.outputs[out.request_id] = out
-            if len(call.outputs) == len(call.prompts) and not call.future.done():
+            if call.listener is not None:
+                updates.setdefault(id(call), (call, []))[1].append(Progress(call.ids.index(out.request_id), output=out))
+            if len(call.outputs) == len(call.prompts):
+                done.append(call)
+        for call, progress in updates.values():
+            self._tell(call, progress)
+        for call in done:
+            if not call.future.done():
                 call.future.set_result([call.outputs[i] for i in call.ids])
 
-    def _add(self, engine: LLMEngine, call: _Call, index: int, live: dict[str, _Call]) -> None:
-        """Prompt ``index`` of ``call`` into the engine (a call's prompts come in order)."""
+    @staticmethod
+    def _new_tokens(engine: LLMEngine, request_id: str, call: _Call,
+                    updates: dict[int, tuple[_Call, list[Progress]]]) -> None:
+        """The tokens a running request's samples sampled since the call was last told."""
+        state = engine.requests.get(request_id)
+        for seq in state.seqs if state is not None else ():
+            ready = seq.num_output_tokens - seq.num_pending_tokens  # an overlapped step's placeholder is not one
+            key = (request_id, seq.sample_index)
+            told = call.told.get(key, 0)
+            if ready > told:
+                tokens = seq.token_ids[seq.num_prompt_tokens + told : seq.num_prompt_tokens + ready]
+                entries = None if seq.logprobs is None else list(seq.logprobs[told:ready])
+                call.told[key] = ready
+                updates.setdefault(id(call), (call, []))[1].append(
+                    Progress(call.ids.index(request_id), seq.sample_index, tokens, logprobs=entries))
+
+    @staticmethod
+    def _tell(call: _Call, progress: list[Progress]) -> None:
+        try:
+            call.listener(progress)
+        except Exception:  # a listener's fault is its call's, never the engine thread's
+            log.exception("a completions listener failed")
+
+    def _add(self, engine: LLMEngine, call: _Call, index: int, in_flight: dict[str, _Call]) -> None:
+        """Prompt ``index`` of ``call`` into the engine (a call's prompts come in order); its
+        listener hears ``[]`` once the last one is in."""
         request_id = f"live-{next(self._ids)}"
         try:
             engine.add_request(request_id, call.prompts[index], call.params[index])
         except RequestError as exc:
             self.share.drop(call.future)
-            self._abort(engine, call.future, live, RequestError(None, exc.reason))
+            self._abort(engine, call.future, in_flight, RequestError(None, exc.reason))
             return
         call.ids.append(request_id)
-        live[request_id] = call
+        in_flight[request_id] = call
+        self.metrics.arrived(request_id, call.arrived)
+        if call.listener is not None and len(call.ids) == len(call.prompts):
+            self._tell(call, [])
 
-    @staticmethod
-    def _abort(engine: LLMEngine, future: Future, live: dict[str, _Call], error: BaseException | None = None) -> None:
-        for request_id in [r for r, c in live.items() if c.future is future]:
+    def _fail_all(self, engine: LLMEngine, in_flight: dict[str, _Call], error: Exception) -> None:
+        """Every call in flight fails with ``error``: none waits (or streams) forever."""
+        calls = list({id(c): c for c in in_flight.values()}.values())
+        for request_id in list(in_flight):
+            self.metrics.dropped(request_id)
+            try:
+                engine.abort_request(request_id)
+            except Exception:
+                log.exception("cannot abort %s", request_id)
+        in_flight.clear()
+        for call in calls:
+            self.share.drop(call.future)
+            if not call.future.done():
+                call.future.set_exception(error)
+
+    def _abort(self, engine: LLMEngine, future: Future, in_flight: dict[str, _Call],
+               error: BaseException | None = None) -> int:
+        """Drop a call's requests from the engine; returns how many it still held."""
+        dropped = [r for r, c in in_flight.items() if c.future is future]
+        for request_id in dropped:
             engine.abort_request(request_id)
-            del live[request_id]
+            self.metrics.dropped(request_id)
+            del in_flight[request_id]
         if error is not None and not future.done():
             future.set_exception(error)
+        return len(dropped)

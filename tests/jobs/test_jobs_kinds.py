@@ -216,7 +216,7 @@ def test_openai_batch_input_validated_up_front(tmp_path: Path) -> None:
     message = str(info.value)
     assert "6 invalid request(s)" in message
     for expected in ("line 2: custom_id 'a' repeats batch.jsonl line 1", "line 3: url must be /v1/chat/completions",
-                     "line 4: method must be POST", "line 5: body.messages must be a non-empty list",
+                     "line 4: method must be POST", "line 5: body.messages: List should have at least 1 item",
                      "line 6: not JSON", "line 7: body: n must be an integer from 1 to 128, got 0"):
         assert expected in message
     assert not (tmp_path / "out").exists()  # nothing written
@@ -230,9 +230,10 @@ def test_openai_batch_per_line_sampling(tmp_path: Path) -> None:
                    logprobs=True, top_logprobs=4, response_format={"type": "json_schema",
                                                                    "json_schema": {"name": "s", "schema": schema}}),
         batch_line("c", "z", logprobs=True, response_format={"type": "json_object"}),
+        batch_line("d", "w", ignore_eos=True, structured_outputs={"choice": ["yes", "no"]}),
     ])
     converted = convert_requests(str(tmp_path / "in"), str(tmp_path / "out"))
-    assert converted.requests == 3
+    assert converted.requests == 4
     # no setting is shared by every request: the plan's sampling is the spec's alone
     spec = JobSpec.from_dict({"name": "b", "kind": "openai_batch", "input": {"url": "in/"}, "output": {"url": "out/"},
                               "sampling": {"max_tokens": 7}}, base_dir=tmp_path)
@@ -245,15 +246,24 @@ def test_openai_batch_per_line_sampling(tmp_path: Path) -> None:
     assert rows[1]["sampling"] == {"max_tokens": 9, "temperature": 0.7, "top_p": 0.5, "seed": 3, "stop": ["\n"],
                                    "n": 2, "logprobs": 4, "structured_output": {"json": schema}}
     assert rows[2]["sampling"] == {"logprobs": 0, "structured_output": {"json_object": True}}
+    assert rows[3]["sampling"] == {"ignore_eos": True, "structured_output": {"choice": ["yes", "no"]}}
 
 
 @pytest.mark.parametrize(("body", "message"), [
     ({"top_logprobs": 3}, "body.top_logprobs needs body.logprobs = true"),
-    ({"logprobs": True, "top_logprobs": 21}, "body.top_logprobs must be an integer from 0 to 20, got 21"),
-    ({"response_format": {"type": "xml"}}, "body.response_format.type must be text, json_object or json_schema"),
+    ({"logprobs": True, "top_logprobs": 21}, "body.top_logprobs: Input should be less than or equal to 20"),
+    ({"response_format": {"type": "xml"}},
+     "body.response_format.type: Input should be 'text', 'json_object' or 'json_schema'"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
-     "body.response_format.json_schema.schema must be a JSON object"),
+     "Missing required parameter: 'body.response_format.json_schema.schema'."),
+    ({"response_format": {"type": "json_schema"}}, "body.response_format.json_schema.schema must be a JSON object"),
+    ({"temperature": "0.5"}, "body.temperature: Input should be a valid number"),
+    ({"stop": 3}, "body.stop must be a string or a list of strings"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "body.messages[0]: only text content parts are supported"),
     ({"temperature": -1}, "body: temperature must be a number >= 0, got -1"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+     "body.tool_choice: a forced tool call is answered on the live /v1/chat/completions route only"),
 ])
 def test_openai_batch_bad_sampling_lines(tmp_path: Path, body: dict[str, Any], message: str) -> None:
     write_jsonl(tmp_path / "in/b.jsonl", [batch_line("a", "x", **body)])

@@ -112,8 +112,9 @@ def test_keys_and_limits(server, client):
                      timeout=30)
     assert big.status_code == 413
     for extra, param in (({"n": 129}, "n"), ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
-                         ({"logprobs": 21}, "logprobs"), ({"stream": True}, "stream"), ({"best_of": 3}, "best_of"),
-                         ({"prompt": []}, "prompt"), ({"prompt": [49152]}, "prompt"), ({"extra_body": {"bogus": 1}}, "bogus")):
+                         ({"logprobs": 21}, "logprobs"), ({"stream_options": {"include_usage": True}}, "stream_options"),
+                         ({"best_of": 3}, "best_of"),
+                         ({"prompt": []}, "prompt"), ({"prompt": [49152]}, "prompt")):
         with pytest.raises(openai.BadRequestError) as exc:
             client.completions.create(**{**body, **extra})
         assert exc.value.body["param"] == param, (extra, exc.value.body)
