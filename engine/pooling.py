@@ -11,6 +11,7 @@ positions from 0 on, so such a request takes nothing from the prefix cache
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -30,6 +31,8 @@ class PoolingParams:
     pooling: str | None = None
     normalize: bool | None = None  # None: as the model's own
     dimensions: int | None = None
+    n: ClassVar[int] = 1  # one sequence, no generated token: what a request's share counts
+    max_tokens: ClassVar[int] = 0
 
     def __post_init__(self) -> None:
         self.validate()

@@ -30,10 +30,10 @@ from service.streaming import EventStream, events, open_call
 router = APIRouter(prefix="/v1")
 
 
-async def _run(request: Request, owner: str, ask: EngineAsk) -> list:
+async def _run(request: Request, owner: str, prompts: list[list[int]], params: list) -> list:
     live: LiveEngine = request.app.state.live_engine
-    held = live.share.admit(owner, ask.prompts, ask.params)  # 400 over a request's bound, 429 over the key's share
-    future = live.submit(ask.prompts, ask.params, owner=owner)
+    held = live.share.admit(owner, prompts, params)  # 400 over a request's bound, 429 over the key's share
+    future = live.submit(prompts, params, owner=owner)
     try:
         return await asyncio.wrap_future(future)
     except RequestError as exc:
@@ -73,7 +73,7 @@ async def completions(request: Request, owner: Owner, body: Annotated[Completion
     ask = await asyncio.to_thread(completion_ask, body, tokenizer)
     if ask.stream:
         return await _stream(request, owner, ask, False, tokenizer)
-    outs = await _run(request, owner, ask)
+    outs = await _run(request, owner, ask.prompts, ask.params)
     return await asyncio.to_thread(completion_body, ask, outs, settings.model_name, tokenizer)
 
 
@@ -85,5 +85,5 @@ async def chat_completions(request: Request, owner: Owner, body: Annotated[ChatC
     ask = await asyncio.to_thread(chat_ask, body, tokenizer, settings.default_max_tokens)
     if ask.stream:
         return await _stream(request, owner, ask, True, tokenizer)
-    (out,) = await _run(request, owner, ask)
+    (out,) = await _run(request, owner, ask.prompts, ask.params)
     return chat_body(ask, out, settings.model_name, tokenizer)

@@ -22,13 +22,13 @@ router = APIRouter(prefix="/v1")
 @router.post("/embeddings")
 async def embeddings(request: Request, owner: Owner, body: EmbeddingRequest) -> dict:
     settings = request.app.state.settings
-    check_model(body.model_dump(), settings.model_name)
+    check_model(body.model, settings.model_name)
     tokenizer = await asyncio.to_thread(_tokenizer, request)
     try:
         prompts = await asyncio.to_thread(body.token_ids, tokenizer)
     except ValueError as exc:
         raise bad_request(str(exc), "input", "invalid_value") from None
     params = PoolingParams(dimensions=body.dimensions)
-    outs = await _run(request, prompts, [params] * len(prompts))
+    outs = await _run(request, owner, prompts, [params] * len(prompts))
     return await asyncio.to_thread(embeddings_body, [o.embedding for o in outs], sum(map(len, prompts)),
                                    settings.model_name, body.encoding_format)
