@@ -23,21 +23,24 @@ from service.completions import (
     completion_body,
     refused_prompt,
 )
-from service.errors import APIError
+from service.errors import APIError, bad_request
 from service.live_engine import LiveEngine
 from service.streaming import EventStream, events, open_call
 
 router = APIRouter(prefix="/v1")
 
 
-async def _run(request: Request, owner: str, prompts: list[list[int]], params: list) -> list:
+async def _run(request: Request, owner: str, prompts: list[list[int]], params: list,
+               ask: EngineAsk | None = None) -> list:
+    """The call's outputs; a refused prompt is a 400 naming the field at fault (``input`` for
+    embeddings, which pass no ``ask``)."""
     live: LiveEngine = request.app.state.live_engine
     held = live.share.admit(owner, prompts, params)  # 400 over a request's bound, 429 over the key's share
     future = live.submit(prompts, params, owner=owner)
     try:
         return await asyncio.wrap_future(future)
     except RequestError as exc:
-        raise refused_prompt(exc.reason, ask) from None
+        raise (refused_prompt(exc.reason, ask) if ask else bad_request(exc.reason, "input", "invalid_input")) from None
     except asyncio.CancelledError:  # the client disconnected
         live.cancel(future)
         raise
@@ -73,7 +76,7 @@ async def completions(request: Request, owner: Owner, body: Annotated[Completion
     ask = await asyncio.to_thread(completion_ask, body, tokenizer)
     if ask.stream:
         return await _stream(request, owner, ask, False, tokenizer)
-    outs = await _run(request, owner, ask.prompts, ask.params)
+    outs = await _run(request, owner, ask.prompts, ask.params, ask)
     return await asyncio.to_thread(completion_body, ask, outs, settings.model_name, tokenizer)
 
 
@@ -85,5 +88,5 @@ async def chat_completions(request: Request, owner: Owner, body: Annotated[ChatC
     ask = await asyncio.to_thread(chat_ask, body, tokenizer, settings.default_max_tokens)
     if ask.stream:
         return await _stream(request, owner, ask, True, tokenizer)
-    (out,) = await _run(request, owner, ask.prompts, ask.params)
+    (out,) = await _run(request, owner, ask.prompts, ask.params, ask)
     return chat_body(ask, out, settings.model_name, tokenizer)
