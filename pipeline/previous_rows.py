@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from connectors import ShardRef, list_part_sizes, read_part_if_any, read_part_lines
+from pipeline.embed_requests import EMBEDDING_COLUMN
 from pipeline.openai_output import CHOICES_KEY, choices_of_line
 from pipeline.output_columns import COMPUTED_COLUMNS
 from pipeline.plan import JobPlan, RequestMode
@@ -36,6 +37,7 @@ _MODE_COLUMNS = {
     RequestMode.LOGLIKELIHOOD: ("choice_logprobs", "choice_tokens"),
     RequestMode.PERPLEXITY: ("nll", "tokens", "perplexity"),
     RequestMode.TOKENS: ("logprob", "is_greedy"),
+    RequestMode.EMBED: (EMBEDDING_COLUMN,),
 }
 _CHOICES_JSON = "_openai_choices_json"  # a taken row's OpenAI choices, read from the part's lines
 # The output-wide lookup reads every part's computed columns once a run: a bound on its memory.

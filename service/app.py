@@ -55,7 +55,7 @@ def create_app(settings: ServiceSettings, runner: Runner | None = None, *, load_
         advancer.stop()
 
     app = FastAPI(title="tokenmill", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)  # the API is documented in docs/service.md, not served keyless
+                  openapi_url="/openapi.json")  # behind a key, as every route but the keyless ones
     app.state.settings, app.state.store, app.state.runner = settings, store, runner
     app.state.spec_policy = settings.spec_policy()
     app.state.output_owners = OutputOwners(settings.storage_url, settings.storage_options)

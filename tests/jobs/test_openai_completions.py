@@ -47,6 +47,6 @@ def test_one_endpoint_per_request_file(tmp_path):
     with pytest.raises(OpenAIBatchError) as exc:
         convert_requests(str(tmp_path / "mixed.jsonl"), str(tmp_path / "out"))
     message = str(exc.value)
-    assert "mixed.jsonl line 2: url '/v1/completions': one endpoint per batch (mixed.jsonl line 1 uses the other)" \
+    assert "mixed.jsonl line 2: url '/v1/completions': one endpoint per batch (mixed.jsonl line 1 uses another)" \
         in message
     assert "mixed.jsonl line 3: body.prompt must be a non-empty string (one prompt per request)" in message

@@ -23,8 +23,8 @@ from service.settings import key_id
 def test_another_keys_prompt_enters_at_the_next_free_slot(tiny_model_dir):
     live = LiveEngine(engine_settings(str(tiny_model_dir), tiny_engine(tiny_model_dir)))  # a batch of 8
     b_params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
-    b_calls = [live.submit([[10 + i, 11, 12]] * 2, [b_params] * 2, "key-b") for i in range(32)]
-    a = live.submit([[7, 8, 9]], [SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)], "key-a")
+    b_calls = [live.submit([[10 + i, 11, 12]] * 2, [b_params] * 2, owner="key-b") for i in range(32)]
+    a = live.submit([[7, 8, 9]], [SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)], owner="key-a")
     assert len(a.result(timeout=120)[0].token_ids) == 40
     done_before_a = sum(call.done() for call in b_calls)
     assert done_before_a < len(b_calls) // 2, f"{done_before_a} of key B's {len(b_calls)} calls finished first"
@@ -50,8 +50,8 @@ def test_a_short_request_answers_while_another_keys_largest_request_runs(tmp_pat
     a_in = threading.Event()
     real_submit, real_turn = live.submit, live._turn
 
-    def submit(prompts, params, owner=""):
-        future = real_submit(prompts, params, owner)
+    def submit(prompts, params, listener=None, owner=""):
+        future = real_submit(prompts, params, listener, owner=owner)
         if owner == key_id(KEY_A):
             a_in.set()
         return future

@@ -1,4 +1,4 @@
-"""Only ``/healthz``, ``/metrics`` and the dashboard's files answer without a key (issue 39, point 4):
+"""Only ``/healthz``, ``/readyz``, ``/health``, ``/metrics`` and the dashboard's files answer without a key
 ``/openapi.json`` described every route to anyone before."""
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ def test_every_route_but_the_public_ones_needs_a_key(tmp_path, path):
     assert "paths" not in answer.text
 
 
-def test_the_api_description_is_not_served_even_with_a_key(tmp_path):
+def test_the_api_description_needs_a_key_and_the_doc_pages_are_off(tmp_path):
     c = client(settings_for(tmp_path))
-    assert [c.get(p, headers=auth(KEY_A)).status_code for p in ("/openapi.json", "/docs", "/redoc")] == [404] * 3
+    assert [c.get(p, headers=auth(KEY_A)).status_code for p in ("/openapi.json", "/docs", "/redoc")] == [200, 404, 404]
+    assert "/v1/chat/completions" in c.get("/openapi.json", headers=auth(KEY_A)).json()["paths"]
 
 
 def test_the_public_routes_answer_without_a_key(tmp_path):
@@ -28,3 +29,6 @@ def test_the_public_routes_answer_without_a_key(tmp_path):
     assert c.get("/metrics").status_code == 200 and "tokenmill_server_jobs" in c.get("/metrics").text
     assert c.get("/").status_code == 200
     assert c.get("/static/dashboard.js").status_code == 200
+    # readiness, for a load balancer or an orchestrator's probe: no model loads here, so "loading"
+    assert [c.get(p).status_code for p in ("/readyz", "/health")] == [503, 503]
+    assert c.get("/readyz").json()["status"] == "loading"

@@ -233,7 +233,8 @@ def test_ready_only_once_the_model_is_loaded(tmp_path):
 
 def test_bodies_are_read_by_the_protocol_models(server, client):
     """One definition per body: the route's schema is the model's, and a shape error names its field."""
-    schema = httpx.get(f"{server.url}/openapi.json", timeout=10).json()
+    schema = httpx.get(f"{server.url}/openapi.json", headers={"Authorization": f"Bearer {client.api_key}"},
+                       timeout=10).json()
     components = schema["components"]["schemas"]
     assert {"CompletionRequest", "ChatCompletionRequest", "Completion", "ChatCompletion"} <= set(components)
     assert "stream_options" in components["ChatCompletionRequest"]["properties"]
