@@ -34,16 +34,15 @@ from sysinfo import cpu_info  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 from engine.model_registry import DEFAULT_MODEL, cache_dir, resolve_model  # noqa: E402
 
-GROUP = 64  # 576 and 1536 are multiples of 64, not of llm-compressor's default 128
 
-
-def checkpoints() -> dict[str, tuple[Path, str]]:
+def checkpoints(int4_kind: str, group: int) -> dict[str, tuple[Path, str]]:
+    """``group``: 576 and 1536 are multiples of 32 and 64, not of llm-compressor's default 128."""
     src = resolve_model(DEFAULT_MODEL)
     out = {"float32": (src, "float32"), "bfloat16": (src, "bfloat16")}
-    for kind, name in (("int8", "int8-w8a8"), ("int4", "int4-w4a16")):
-        folder = cache_dir() / "quantized" / f"{DEFAULT_MODEL}-{kind}-g{GROUP}"
+    for kind, name in (("int8", "int8-w8a8"), (int4_kind, "int4-w4a16")):
+        folder = cache_dir() / "quantized" / f"{DEFAULT_MODEL}-{kind}-g{group}"
         if not (folder / "config.json").is_file():
-            write_quantized(src, folder, kind, GROUP)
+            write_quantized(src, folder, kind, group)
         out[name] = (folder, "bfloat16")  # the float parts (attention, LM head) run in bfloat16
     return out
 
@@ -113,6 +112,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--ppl-file", default="/usr/share/common-licenses/GPL-3")
     ap.add_argument("--ppl-tokens", type=int, default=2048)
+    ap.add_argument("--int4", default="int4", choices=["int4", "int4-asym"], help="symmetric, or with zero points")
+    ap.add_argument("--group", type=int, default=64)
     ap.add_argument("--out", default="bench/published")
     args = ap.parse_args()
     rng = random.Random(0)
@@ -120,7 +121,7 @@ def main() -> None:
     few = [[rng.randrange(3, 49152) for _ in range(64)] for _ in range(args.decode_seqs)]
     blocks = args.prompts * -(-(args.prompt_len + args.out_len) // 16) + 64
     llms, result = {}, {"command": " ".join(sys.argv), "cpu": cpu_info(), "variants": {}}
-    for name, (folder, dtype) in checkpoints().items():
+    for name, (folder, dtype) in checkpoints(args.int4, args.group).items():
         llm = llms[name] = LLM(str(folder), dtype=dtype, num_kv_blocks=blocks)
         result["variants"][name] = {"folder": str(folder), "dtype": dtype, "runs": llm.engine.quantization,
                                     "weight_bytes": weight_bytes(llm), "linear_bytes": linear_bytes(llm),
@@ -151,6 +152,7 @@ def main() -> None:
             print(name, "uniform", v["uniform_s"][-1], "decode", v["decode_s"][-1], flush=True)
         for v in base.values():
             v["uniform_median_s"] = statistics.median(v["uniform_s"])
+        for v in base.values():
             v["uniform_out_tok_s"] = round(args.prompts * args.out_len / v["uniform_median_s"], 1)
             v["decode_out_tok_s"] = round(args.decode_seqs * args.decode_tokens / statistics.median(v["decode_s"]), 1)
             v["speed_vs_bfloat16"] = round(base["bfloat16"]["uniform_median_s"] / v["uniform_median_s"], 3)
