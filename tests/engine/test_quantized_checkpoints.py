@@ -177,3 +177,10 @@ def test_other_quantization_is_refused_in_one_line(qc, named, tmp_path, float_di
         LLM(str(folder), num_kv_blocks=16)
     message = str(err.value)
     assert "\n" not in message and named in message and message.startswith("unsupported quantization: ")
+
+
+def test_quantization_setting_names_its_choices():
+    from engine.config import EngineConfig
+
+    with pytest.raises(ValueError, match=r"^quantization must be one of \['auto', 'none'\], got 'int8'$"):
+        EngineConfig(quantization="int8")

@@ -1,0 +1,170 @@
+"""Quantized SmolLM2 beside its float self: int8 W8A8 and 4-bit W4A16 (compressed-tensors, written
+here from the packaged float weights by tests/quant_checkpoints.py) against float32 and bfloat16,
+in one run, variants alternating round by round (order reversed every round).
+
+Measured: the uniform batch (``--prompts`` random prompts of ``--prompt-len`` tokens, ``--out-len``
+output tokens each, EOS ignored), the few-sequence decode case (``--decode-seqs`` sequences), resident
+weight bytes, the same-run matmul ceiling (float32, bfloat16 and int8 products of the MLP's shape)
+and perplexity on a held-out text (``--ppl-file``, its first ``--ppl-tokens`` tokens in 512-token
+windows) through the engine's prompt logprobs.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/bench_quantized.py --out bench/published
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from quant_checkpoints import write_quantized  # noqa: E402
+from sysinfo import cpu_info  # noqa: E402
+
+from engine import LLM, SamplingParams  # noqa: E402
+from engine.model_registry import DEFAULT_MODEL, cache_dir, resolve_model  # noqa: E402
+
+
+def checkpoints(int4_kind: str, group: int) -> dict[str, tuple[Path, str]]:
+    """``group``: 576 and 1536 are multiples of 32 and 64, not of llm-compressor's default 128."""
+    src = resolve_model(DEFAULT_MODEL)
+    out = {"float32": (src, "float32"), "bfloat16": (src, "bfloat16")}
+    for kind, name in (("int8", "int8-w8a8"), (int4_kind, "int4-w4a16")):
+        folder = cache_dir() / "quantized" / f"{DEFAULT_MODEL}-{kind}-g{group}"
+        if not (folder / "config.json").is_file():
+            write_quantized(src, folder, kind, group)
+        out[name] = (folder, "bfloat16")  # the float parts (attention, LM head) run in bfloat16
+    return out
+
+
+def weight_bytes(llm: LLM) -> int:
+    model, seen, total = llm.engine.runner.model, set(), 0
+    for t in [*model.parameters(), *model.buffers()]:
+        key = t.untyped_storage().data_ptr()
+        if key not in seen and t.device.type == "cpu" and not t.is_meta:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def linear_bytes(llm: LLM) -> int:
+    total = 0
+    for layer in llm.engine.runner.model.layers:
+        for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            total += sum(t.numel() * t.element_size() for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]
+                         if t is not None)
+    return total
+
+
+def timed(llm: LLM, prompts, params) -> tuple[float, int]:
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    return time.perf_counter() - t, sum(len(o.token_ids) for o in outs)
+
+
+def perplexity(llm: LLM, ids: list[int], window: int = 512) -> float:
+    chunks = [ids[i:i + window] for i in range(0, len(ids) - 1, window) if len(ids[i:i + window]) > 1]
+    outs = llm.generate(chunks, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1))
+    nll, count = 0.0, 0
+    for chunk, out in zip(chunks, outs, strict=True):
+        for tok, pos in zip(chunk[1:], out.prompt_logprobs[1:], strict=True):
+            nll -= pos[tok].logprob
+            count += 1
+    return math.exp(nll / count)
+
+
+def matmul_ceiling(rows: int = 256) -> dict[str, float]:
+    """GFLOP/s (GOP/s for int8) of one [rows x 576] x [576 x 1536] product, median of 9."""
+    k, n = 576, 1536
+    cases = {"float32": (torch.randn(rows, k), torch.randn(k, n), torch.mm),
+             "bfloat16": (torch.randn(rows, k).bfloat16(), torch.randn(k, n).bfloat16(), torch.mm),
+             "int8": (torch.randint(-127, 127, (rows, k), dtype=torch.int8),
+                      torch.randint(-127, 127, (k, n), dtype=torch.int8), torch._int_mm)}
+    out = {}
+    for name, (a, b, fn) in cases.items():
+        fn(a, b)
+        times = []
+        for _ in range(9):
+            t = time.perf_counter()
+            fn(a, b)
+            times.append(time.perf_counter() - t)
+        out[name] = round(2 * rows * k * n / statistics.median(times) / 1e9, 1)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=338)
+    ap.add_argument("--out-len", type=int, default=96)
+    ap.add_argument("--decode-seqs", type=int, default=2)
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--ppl-file", default="/usr/share/common-licenses/GPL-3")
+    ap.add_argument("--ppl-tokens", type=int, default=2048)
+    ap.add_argument("--int4", default="int4", choices=["int4", "int4-asym"], help="symmetric, or with zero points")
+    ap.add_argument("--group", type=int, default=64)
+    ap.add_argument("--out", default="bench/published")
+    args = ap.parse_args()
+    rng = random.Random(0)
+    uniform = [[rng.randrange(3, 49152) for _ in range(args.prompt_len)] for _ in range(args.prompts)]
+    few = [[rng.randrange(3, 49152) for _ in range(64)] for _ in range(args.decode_seqs)]
+    blocks = args.prompts * -(-(args.prompt_len + args.out_len) // 16) + 64
+    llms, result = {}, {"command": " ".join(sys.argv), "cpu": cpu_info(), "variants": {}}
+    for name, (folder, dtype) in checkpoints(args.int4, args.group).items():
+        llm = llms[name] = LLM(str(folder), dtype=dtype, num_kv_blocks=blocks)
+        result["variants"][name] = {"folder": str(folder), "dtype": dtype, "runs": llm.engine.quantization,
+                                    "weight_bytes": weight_bytes(llm), "linear_bytes": linear_bytes(llm),
+                                    "uniform_s": [], "decode_s": []}
+        llm.generate(few, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))  # warm
+    result["matmul_ceiling_gflops"] = matmul_ceiling()
+    base = result["variants"]
+    tokenizer = llms["float32"].engine.tokenizer
+    ids = tokenizer(Path(args.ppl_file).read_text())["input_ids"][: args.ppl_tokens]
+    result["ppl_text"] = {"file": args.ppl_file, "tokens": len(ids)}
+    for name, llm in llms.items():  # quality first: it survives a run cut short
+        base[name]["perplexity"] = round(perplexity(llm, ids), 4)
+    for v in base.values():
+        v["ppl_vs_own_float"] = round(v["perplexity"] / base["float32"]["perplexity"] - 1, 4)
+    out = Path(args.out) / f"quantization-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(result, indent=1))
+    print("perplexity", {k: v["perplexity"] for k, v in base.items()}, flush=True)
+    names = list(llms)
+    flops = args.prompts * (args.prompt_len + args.out_len) * 0.27e9
+    result["uniform_gflop"] = round(flops / 1e9, 1)
+    for r in range(args.rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            v = base[name]
+            secs, toks = timed(llms[name], uniform, SamplingParams(max_tokens=args.out_len, temperature=0, ignore_eos=True))
+            v["uniform_s"].append(round(secs, 2))
+            secs, _ = timed(llms[name], few, SamplingParams(max_tokens=args.decode_tokens, temperature=0, ignore_eos=True))
+            v["decode_s"].append(round(secs, 3))
+            print(name, "uniform", v["uniform_s"][-1], "decode", v["decode_s"][-1], flush=True)
+        for v in base.values():
+            v["uniform_median_s"] = statistics.median(v["uniform_s"])
+        for v in base.values():
+            v["uniform_out_tok_s"] = round(args.prompts * args.out_len / v["uniform_median_s"], 1)
+            v["decode_out_tok_s"] = round(args.decode_seqs * args.decode_tokens / statistics.median(v["decode_s"]), 1)
+            v["speed_vs_bfloat16"] = round(base["bfloat16"]["uniform_median_s"] / v["uniform_median_s"], 3)
+            v["decode_vs_bfloat16"] = round(statistics.median(base["bfloat16"]["decode_s"]) / statistics.median(v["decode_s"]), 3)
+            v["weight_bytes_vs_float32"] = round(v["weight_bytes"] / base["float32"]["weight_bytes"], 3)
+            v["linear_bytes_vs_float32"] = round(v["linear_bytes"] / base["float32"]["linear_bytes"], 3)
+            v["uniform_gflops"] = round(flops / v["uniform_median_s"] / 1e9, 1)
+        result["rounds_done"] = r + 1
+        out.write_text(json.dumps(result, indent=1))  # after every round: a cut run keeps what it has
+    print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk not in ("folder",)} for k, v in base.items()}, indent=1))
+    print("ceiling", result["matmul_ceiling_gflops"], "->", out)
+
+
+if __name__ == "__main__":
+    main()
