@@ -86,6 +86,9 @@ class ChatMessage(OpenModel):
         return {"role": "system" if self.role == "developer" else self.role, "content": self.text(where)}
 
 
+BEAM_KEYS = ("use_beam_search", "best_of", "length_penalty", "early_stopping")  # as vLLM's server takes them
+
+
 class SamplingFields(OpenModel):
     """What completions and chat requests share."""
 
@@ -118,6 +121,21 @@ class SamplingFields(OpenModel):
     @property
     def stops(self) -> list[str] | None:
         return [self.stop] if isinstance(self.stop, str) else self.stop
+
+    def beam_values(self, prefix: str = "") -> dict[str, Any]:
+        """vLLM's beam-search keys as ``SamplingParams`` values: ``use_beam_search`` searches with
+        ``best_of`` beams (default ``n``) and returns the ``n`` best; ``length_penalty`` and
+        ``early_stopping`` as in HF. A beam key without ``use_beam_search`` is a ValueError."""
+        if not self.use_beam_search:
+            given = [k for k in BEAM_KEYS[1:] if getattr(self, k) is not None]
+            if given:
+                raise ValueError(f"{prefix}{given[0]} needs {prefix}use_beam_search = true")
+            return {}
+        values: dict[str, Any] = {"beam_width": self.best_of if self.best_of is not None else self.n or 1}
+        for key in BEAM_KEYS[2:]:
+            if getattr(self, key) is not None:
+                values[key] = getattr(self, key)
+        return values
 
 
 class CompletionRequest(SamplingFields):

@@ -27,6 +27,7 @@ from engine import SamplingParams
 from jobs.openai_embeddings import EMBEDDING_URLS, embedding_row
 from jobs.openai_protocol import (
     ALIASES,
+    BEAM_KEYS,
     BODIES,
     ChatCompletionRequest,
     CompletionRequest,
@@ -41,10 +42,9 @@ REQUESTS_DIR = "_requests"
 CONVERTED_PATTERN = "requests-*.jsonl"  # the converted shards' names: requests-<part id>.jsonl
 MAX_REPORTED_ERRORS = 10
 SAMPLING_FIELD = "sampling"
-_BEAM_KEYS = ("use_beam_search", "best_of", "length_penalty", "early_stopping")  # vLLM's server's
 _SAMPLING_KEYS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "logprobs",
                   "top_logprobs", "response_format", "ignore_eos", "stop_token_ids", "structured_outputs",
-                  *_BEAM_KEYS)
+                  *BEAM_KEYS)
 # Body keys that change nothing here and are accepted silently.
 _IGNORED = {"model", "user", "metadata", "store", "stream", "service_tier"}
 
@@ -94,21 +94,6 @@ def _logprobs(body: ChatCompletionRequest) -> int | None:
     return body.top_logprobs or 0
 
 
-def _beam_search(body: SamplingFields) -> dict[str, Any]:
-    """vLLM's beam-search keys: ``use_beam_search`` searches with ``best_of`` beams (default
-    ``n``) and returns the ``n`` best; ``length_penalty`` and ``early_stopping`` as in HF."""
-    if not body.use_beam_search:
-        given = [k for k in _BEAM_KEYS[1:] if getattr(body, k) is not None]
-        if given:
-            raise ValueError(f"body.{given[0]} needs body.use_beam_search = true")
-        return {}
-    values: dict[str, Any] = {"beam_width": body.best_of if body.best_of is not None else body.n or 1}
-    for key in _BEAM_KEYS[2:]:
-        if getattr(body, key) is not None:
-            values[key] = getattr(body, key)
-    return values
-
-
 def _sampling(body: SamplingFields, max_tokens: int | None, logprobs: int | None,
               response_format: ResponseFormat | None) -> dict[str, Any]:
     if body.stream:
@@ -125,7 +110,7 @@ def _sampling(body: SamplingFields, max_tokens: int | None, logprobs: int | None
         values["stop"] = body.stops
     if body.n is not None:
         values["n"] = body.n
-    values.update(_beam_search(body))
+    values.update(body.beam_values("body."))
     if logprobs is not None:
         values["logprobs"] = logprobs
     if response_format is not None:

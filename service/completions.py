@@ -2,9 +2,9 @@
 engine, and the answer in the shape the ``openai`` client and lm-evaluation-harness read.
 
 A completions ``prompt`` is a string, a list of strings, a list of token ids or a list of such
-lists (bodies are read by the routes with ``jobs.openai_protocol``'s models); each prompt gets ``n`` choices, numbered prompt by prompt. ``echo`` puts the prompt in
-front of the text and, with ``logprobs``, the prompt tokens' logprobs in front of the generated
-ones (the first token has none). ``max_tokens: 0`` with ``echo`` scores the prompt and
+lists (bodies are read with ``jobs.openai_protocol``'s models); each prompt gets ``n`` choices,
+numbered prompt by prompt. ``echo`` puts the prompt in front of the text and, with ``logprobs``,
+the prompt tokens' logprobs in front of the generated ones (the first token has none). ``max_tokens: 0`` with ``echo`` scores the prompt and
 generates nothing (the engine samples one token, which is dropped). Every value is checked
 where the engine checks it (``SamplingParams``: n, stop strings, logprobs bounds), so an HTTP
 request is held to the same limits as a batch line.
@@ -21,12 +21,7 @@ from typing import Any
 
 from engine import RequestOutput, SamplingParams
 from engine.chat import chat_token_ids
-from jobs.openai_protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ProtocolError,
-    SamplingFields,
-)
+from jobs.openai_protocol import ChatCompletionRequest, CompletionRequest, ProtocolError, SamplingFields
 from jobs.openai_responses import (
     AssistantMessage,
     ChatChoice,
@@ -129,6 +124,12 @@ def _sampling(request: SamplingFields, max_tokens: int, constraint: str | None =
     for name in ("ignore_eos", "stop_token_ids"):
         if getattr(request, name) is not None:
             values[name] = getattr(request, name)
+    try:
+        values.update(request.beam_values())
+    except ValueError as exc:
+        raise bad_request(str(exc), "use_beam_search", "invalid_value") from None
+    if "beam_width" in values and request.stream:
+        raise bad_request("use_beam_search: a beam search answers once, not as a stream", "stream", "invalid_value")
     if request.structured_outputs is not None:
         if "structured_output" in values:
             raise bad_request("structured_outputs cannot be combined with response_format or a forced tool_choice",
@@ -180,7 +181,7 @@ def completion_ask(request: CompletionRequest, tokenizer: Any) -> EngineAsk:
     if request.suffix:
         raise bad_request("suffix is not supported by this server", "suffix", "unsupported_value")
     n = _at_least(request.n, "n", 1) or 1
-    if (_at_least(request.best_of, "best_of", 1) or n) != n:
+    if (_at_least(request.best_of, "best_of", 1) or n) != n and not request.use_beam_search:  # else: beams
         raise bad_request("best_of must equal n on this server", "best_of", "unsupported_value")
     echo = request.echo
     max_tokens = _at_least(request.max_tokens, "max_tokens", 0)

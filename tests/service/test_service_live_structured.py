@@ -157,3 +157,20 @@ def test_vllm_extensions_through_extra_body(client):
         with pytest.raises(openai.BadRequestError) as exc:
             client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=4, extra_body=extra)
         assert exc.value.body["param"] == param, exc.value.body
+
+
+def test_beam_search_through_extra_body(client, tiny_model_dir):
+    """vLLM's ``use_beam_search`` / ``best_of`` on the live route: the engine's beams, best first."""
+    from engine import LLM, SamplingParams
+
+    prompt = [[5, 6, 7, 8]]
+    out = client.completions.create(model=MODEL_NAME, prompt=prompt, n=2, max_tokens=6, temperature=0,
+                                    extra_body={"use_beam_search": True, "best_of": 3, "ignore_eos": True})
+    llm = LLM(str(tiny_model_dir), num_threads=1)
+    want = llm.generate(prompt, SamplingParams(beam_width=3, n=2, max_tokens=6, ignore_eos=True))[0].outputs
+    assert [c.text for c in out.choices] == [o.text for o in want]
+    for extra, message in (({"length_penalty": 0.5}, "length_penalty needs use_beam_search = true"),
+                           ({"use_beam_search": True, "stream": True}, "not as a stream")):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=4, extra_body=extra)
+        assert message in info.value.body["message"]
