@@ -51,6 +51,7 @@ from connectors.part_lines import (
     write_part_lines,
 )
 from connectors.part_reads import (
+    iter_part_column,
     list_part_sizes,
     read_part_columns,
     read_part_head,
@@ -110,6 +111,7 @@ __all__ = [
     "remove_optional",
     "list_part_sizes",
     "read_part_lines",
+    "iter_part_column",
     "read_part_columns",
     "read_part_commit",
     "read_part_footer",

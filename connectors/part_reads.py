@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import posixpath
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -89,6 +90,19 @@ def read_part_columns(
 
         tables.append(with_retries(read, what=f"read {url}"))
     return pa.concat_tables(tables, promote_options="permissive") if tables else None
+
+
+def iter_part_column(
+    output_url: str, parts: list[PartId], column: str, storage_options: dict | None = None, batch_rows: int = 8192
+) -> Iterator[list]:
+    """One column's values of the given parts, a batch of rows at a time: a pass over a large
+    output (every error of a million-row part) in bounded memory."""
+    for index in parts:
+        fs, path = filesystem_for(part_url(output_url, index), storage_options)
+        with fs.open(path, "rb") as f:
+            parquet = pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 20)  # read as decoded, not whole
+            for batch in parquet.iter_batches(batch_size=batch_rows, columns=[column]):
+                yield batch.column(0).to_pylist()
 
 
 def read_part_head(

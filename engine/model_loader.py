@@ -12,7 +12,6 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from engine.config import QUANTIZATIONS
-from engine.model_errors import UnsupportedQuantization
 from engine.models.decoder import CausalLM
 from engine.models.layers import RotaryEmbedding
 from engine.models.linear import pack_linears
@@ -23,10 +22,7 @@ from engine.quant.scheme import checkpoint_scheme
 
 def load_config(model_dir: Path):
     config = AutoConfig.from_pretrained(model_dir)
-    try:  # before the tensors: one line naming the method
-        checkpoint_scheme(config)
-    except UnsupportedQuantization as e:
-        raise UnsupportedQuantization(f"model at {model_dir}: {e}") from None
+    checkpoint_scheme(config)  # before the tensors: a quantization it does not run is one line naming it
     model_class(config, model_dir)  # an unsupported architecture fails here, naming the supported ones
     return config
 
@@ -100,7 +96,8 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: 
             return None
         with torch.no_grad():
             target.copy_(tensor)
-        return pname, (index[0].start or 0) if index else 0
+        first = index[0] if index else 0  # a slice of rows (a packed linear), or an expert's number (MoE)
+        return pname, first if isinstance(first, int) else (first.start or 0)
 
     for f in files:
         with safe_open(str(f), framework="pt") as sf:

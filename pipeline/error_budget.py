@@ -14,9 +14,10 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
-from connectors import read_part_columns
+from connectors import iter_part_column
 from pipeline.job_status import JobStatus
 from pipeline.plan import JobPlan
 from pipeline.shard_outcome import entry_has_part, entry_part_id
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 _ROW_PREFIX = re.compile(r"^row \d+: ")
 _NUMBER = re.compile(r"\d+")
 EXAMPLE_CHARS = 300  # the summary is one line: a long error is cut
+MAX_KINDS = 10_000  # distinct errors counted (figures aside): the count's memory stays bounded
 
 
 def over_budget(plan: JobPlan, rows: int, errors: int) -> bool:
@@ -39,15 +41,15 @@ def commonest_error(plan: JobPlan, manifest: dict[str, Any]) -> tuple[str, int] 
     """The error shared by most rows of the manifest's parts (row numbers and other figures
     aside) with how many rows have it; None if the parts cannot be read."""
     parts = [entry_part_id(e) for e in manifest["shards"] if entry_has_part(e)]
-    try:
-        table = read_part_columns(plan.output_url, [p for p in parts if p], ["error"], plan.output_options)
+    batches = iter_part_column(plan.output_url, [p for p in parts if p], "error", plan.output_options)
+    try:  # a batch at a time: a million error rows are read, not held
+        return commonest(error for batch in batches for error in batch)
     except Exception as exc:  # the budget still fails the job; only the example is missing
         log.warning("cannot read the errors of %s: %s", plan.job_id, exc)
         return None
-    return None if table is None else commonest(table.column("error").to_pylist())
 
 
-def commonest(errors: list[str | None]) -> tuple[str, int] | None:
+def commonest(errors: Iterable[str | None]) -> tuple[str, int] | None:
     """The error most rows share, row numbers and other figures aside (an example of it on one
     line, at most ``EXAMPLE_CHARS``), and how many rows have it; None if no row erred."""
     counts: Counter[str] = Counter()
@@ -56,6 +58,8 @@ def commonest(errors: list[str | None]) -> tuple[str, int] | None:
         if error:
             text = " ".join(_ROW_PREFIX.sub("", error).split())  # one line: a traceback's too
             key = _NUMBER.sub("#", text)
+            if key not in counts and len(counts) >= MAX_KINDS:
+                continue  # as many kinds as this are counted; the commonest is among the first
             counts[key] += 1
             example.setdefault(key, text if len(text) <= EXAMPLE_CHARS else text[:EXAMPLE_CHARS - 3] + "...")
     if not counts:

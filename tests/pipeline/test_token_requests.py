@@ -63,8 +63,8 @@ def test_scored_and_generated_rows_and_their_errors(tmp_path, tiny_model_dir) ->
                                         "(the prompt has 3 tokens)")
     assert out["bad-sampling"]["error"].startswith("row 4: invalid sampling parameters: ")
     assert out["costly-sampling"]["error"] == (
-        "row 5: field 'sampling' may set only ignore_eos, max_tokens, seed, stop, stop_token_ids, temperature, "
-        "top_k, top_p (not n, prompt_logprobs)")
+        "row 5: field 'sampling' may set only beam_width, early_stopping, ignore_eos, length_penalty, max_tokens, "
+        "seed, stop, stop_token_ids, temperature, top_k, top_p (not n, prompt_logprobs)")
     assert manifest["totals"]["errors"] == 4
 
 

@@ -68,4 +68,6 @@ def test_a_sparse_million_row_shard_behind_one_long_generation_runs_in_bounded_m
     part = pq.read_table(out / f"part-{shard.part_id}.parquet", columns=["id", "error", "output_tokens"])
     assert part.column("id").to_pylist() == [f"r{i:07d}" for i in range(ROWS)]
     assert part.column("output_tokens")[0].as_py() == LONG and part.column("error")[0].as_py() is None
-    assert read_manifest(plan.output_url)["status"] == "succeeded"
+    manifest = read_manifest(plan.output_url)  # all rows but one erred: the error budget fails the job
+    assert manifest["status"] == "failed" and manifest["shards"][0]["status"] == "done"
+    assert f"commonest error ({ROWS - 1} rows): " in manifest["error"]
