@@ -1,15 +1,11 @@
 """The engine behind the synchronous routes: one thread steps one engine for every HTTP request.
 
-Concurrent ``/v1/completions`` and ``/v1/chat/completions`` requests do not take turns: each
-hands its prompts to this thread, which adds them to the running engine between steps
-(continuous batching across requests) and resolves the request's future when its last prompt
-finishes. All engine calls happen on this thread.
-
-The engine is its own, not the process's cached one (``pipeline.engine_cache``): that one
-belongs to the embedded runner's thread, which steps it for batch jobs, and two threads may
-not step one engine. It is built with the server's ``--model`` and ``--engine-options`` when
-``start`` is called (``tokenmill serve`` does at start-up) or on the first request, then warmed
-with one short request; ``ready`` says when both are done (``/readyz``).
+Each live request hands its prompts to this thread, which adds them to the running engine
+between steps (continuous batching across requests) and resolves the request's future when its
+last prompt finishes. The engine is its own, not the jobs' cached one (``pipeline.engine_cache``,
+stepped by the embedded runner's thread). It is built with ``--model`` and ``--engine-options``
+at ``start`` (``tokenmill serve`` calls it) or on the first request, then warmed with one short
+request; ``ready`` says when both are done (``/readyz``).
 
 A call may pass a ``listener``: after every step it gets the call's new tokens and finished
 prompts (``Progress``), on the engine thread, which is what the streaming routes read. A call
