@@ -7,12 +7,14 @@ import io
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from connectors import filesystem_for
 from pipeline.plan import JobPlan, PromptPlan
 
 Put = Callable[[str, bytes], None]
@@ -121,3 +123,25 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
             return value
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+@dataclass
+class Where:
+    input_url: str
+    output_url: str
+    options: dict[str, Any]
+    client: Any = None  # boto3, for S3: test setup that bypasses the code under test
+
+    def put(self, name: str, data: bytes) -> None:
+        if self.client is None:
+            Path(self.input_url, name).write_bytes(data)
+            return
+        bucket, key = self.input_url.removeprefix("s3://").split("/", 1)
+        self.client.put_object(Bucket=bucket, Key=f"{key}/{name}", Body=data)
+
+    def files(self, url: str) -> list[str]:
+        """Names of the objects under ``url`` (SeaweedFS also lists folders left empty: not objects)."""
+        fs, path = filesystem_for(url, self.options)
+        fs.invalidate_cache()
+        found = fs.find(path, detail=True) if fs.exists(path) else {}
+        return sorted(p.rsplit("/", 1)[1] for p, info in found.items() if info.get("type") == "file" and info.get("size"))

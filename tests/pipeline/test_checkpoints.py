@@ -15,7 +15,7 @@ import io
 import json
 import types
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fake_engine import FakeEngine
-from pipeline_support import jsonl_bytes, make_plan
+from pipeline_support import Where, jsonl_bytes, make_plan
 
 import pipeline.part_sink as part_sink
 from connectors import ShardCheckpoint, filesystem_for, list_shards, read_parts
@@ -51,28 +51,6 @@ class CountingEngine(FakeEngine):
     def add_request(self, request_id, prompt, params) -> None:
         super().add_request(request_id, prompt, params)
         self.rows.append(int(request_id.split(":")[2].split("#")[0]))
-
-
-@dataclass
-class Where:
-    input_url: str
-    output_url: str
-    options: dict[str, Any]
-    client: Any = None  # boto3, for S3: test setup that bypasses the code under test
-
-    def put(self, name: str, data: bytes) -> None:
-        if self.client is None:
-            Path(self.input_url, name).write_bytes(data)
-            return
-        bucket, key = self.input_url.removeprefix("s3://").split("/", 1)
-        self.client.put_object(Bucket=bucket, Key=f"{key}/{name}", Body=data)
-
-    def files(self, url: str) -> list[str]:
-        """Names of the objects under ``url`` (SeaweedFS also lists folders left empty: not objects)."""
-        fs, path = filesystem_for(url, self.options)
-        fs.invalidate_cache()
-        found = fs.find(path, detail=True) if fs.exists(path) else {}
-        return sorted(p.rsplit("/", 1)[1] for p, info in found.items() if info.get("type") == "file" and info.get("size"))
 
 
 @pytest.fixture(params=["local", "moto", "seaweedfs"])

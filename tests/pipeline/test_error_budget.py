@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_support import jsonl_bytes, make_plan, tiny_model_toml
-from test_checkpoints import Where
+from pipeline_support import Where, jsonl_bytes, make_plan, tiny_model_toml
 from typer.testing import CliRunner
 
 from connectors import read_manifest, read_parts, success_marker_exists
@@ -25,16 +24,6 @@ from pipeline.publish import begin_output
 from pipeline.shard_outcome import ShardOutcome
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-@pytest.fixture(params=["local", "moto"])
-def where(request, tmp_path: Path) -> Where:
-    if request.param == "local":
-        (tmp_path / "in").mkdir()
-        return Where(str(tmp_path / "in"), str(tmp_path / "out"), {})
-    server = request.getfixturevalue("s3_server")
-    bucket = request.getfixturevalue("s3_bucket")
-    return Where(f"s3://{bucket}/in", f"s3://{bucket}/out", server.storage_options, server.client())
 
 
 def _rows(bad: int, total: int = 10) -> list[dict[str, Any]]:

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from pipeline_support import jsonl_bytes, make_plan
-from test_checkpoints import Where
+from pipeline_support import Where, jsonl_bytes, make_plan
 from typer.testing import CliRunner
 
 from connectors import Lease, OutputLeased, acquire_lease, read_lease
@@ -30,16 +29,6 @@ from pipeline.fleet import cancel_job, job_status, submit_job
 from pipeline.job_runner import run_embedded
 
 BROKER = "redis://127.0.0.1:6379/0"
-
-
-@pytest.fixture(params=["local", "moto"])
-def where(request, tmp_path: Path) -> Where:
-    if request.param == "local":
-        (tmp_path / "in").mkdir()
-        return Where(str(tmp_path / "in"), str(tmp_path / "out"), {})
-    server = request.getfixturevalue("s3_server")
-    bucket = request.getfixturevalue("s3_bucket")
-    return Where(f"s3://{bucket}/in", f"s3://{bucket}/out", server.storage_options, server.client())
 
 
 def _plan(where: Where, model_dir: Path, job_id: str = "rerun"):

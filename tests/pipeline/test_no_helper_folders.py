@@ -7,21 +7,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-from pipeline_support import jsonl_bytes, make_plan
-from test_checkpoints import Where
+from pipeline_support import Where, jsonl_bytes, make_plan
 
 from pipeline.job_runner import run_embedded
-
-
-@pytest.fixture(params=["local", "moto"])
-def where(request, tmp_path: Path) -> Where:
-    if request.param == "local":
-        (tmp_path / "in").mkdir()
-        return Where(str(tmp_path / "in"), str(tmp_path / "out"), {})
-    server = request.getfixturevalue("s3_server")
-    bucket = request.getfixturevalue("s3_bucket")
-    return Where(f"s3://{bucket}/in", f"s3://{bucket}/out", server.storage_options, server.client())
 
 
 def _everything(where: Where) -> list[str]:

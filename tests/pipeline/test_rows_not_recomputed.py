@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 from fake_engine import FakeEngine
-from pipeline_support import jsonl_bytes, make_plan, tiny_engine
-from test_checkpoints import CountingEngine, Where
+from pipeline_support import Where, jsonl_bytes, make_plan, tiny_engine
+from test_checkpoints import CountingEngine
 
 from connectors import list_shards, part_name, read_manifest, read_parts
 from pipeline.job_runner import run_embedded
@@ -26,16 +26,6 @@ from pipeline.shard_driver import ShardDriver
 from pipeline.shard_outcome import ShardOutcome, ShardState
 
 MODEL = Path("fake-model")
-
-
-@pytest.fixture(params=["local", "moto"])
-def where(request, tmp_path: Path) -> Where:
-    if request.param == "local":
-        (tmp_path / "in").mkdir()
-        return Where(str(tmp_path / "in"), str(tmp_path / "out"), {})
-    server = request.getfixturevalue("s3_server")
-    bucket = request.getfixturevalue("s3_bucket")
-    return Where(f"s3://{bucket}/in", f"s3://{bucket}/out", server.storage_options, server.client())
 
 
 def _docs(count: int, start: int = 0) -> list[dict[str, Any]]:

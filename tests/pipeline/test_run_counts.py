@@ -10,8 +10,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from pipeline_support import jsonl_bytes, make_plan
-from test_checkpoints import Where
+from pipeline_support import Where, jsonl_bytes, make_plan
 
 from jobs.console import run_summary
 from pipeline.fleet import job_status
@@ -21,16 +20,6 @@ from pipeline.shard_outcome import ShardOutcome
 from pipeline.stop_signals import RunInterrupted
 
 ROWS, MAX_TOKENS = 48, 4
-
-
-@pytest.fixture(params=["local", "moto"])
-def where(request, tmp_path: Path) -> Where:
-    if request.param == "local":
-        (tmp_path / "in").mkdir()
-        return Where(str(tmp_path / "in"), str(tmp_path / "out"), {})
-    server = request.getfixturevalue("s3_server")
-    bucket = request.getfixturevalue("s3_bucket")
-    return Where(f"s3://{bucket}/in", f"s3://{bucket}/out", server.storage_options, server.client())
 
 
 def test_status_and_summary_count_checkpointed_resumed_and_computed_rows(where: Where, tiny_model_dir: Path) -> None:

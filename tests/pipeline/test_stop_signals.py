@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_support import jsonl_bytes, make_plan, tiny_model_toml
-from test_checkpoints import Where
+from pipeline_support import Where, jsonl_bytes, make_plan, tiny_model_toml
 from typer.testing import CliRunner
 
 from connectors import ShardCheckpoint, list_shards, read_lease, read_manifest, read_parts
@@ -30,16 +29,6 @@ from pipeline.shard_outcome import ShardOutcome
 from pipeline.stop_signals import RunInterrupted
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(params=["local", "moto"])
-def where(request, tmp_path: Path) -> Where:
-    if request.param == "local":
-        (tmp_path / "in").mkdir()
-        return Where(str(tmp_path / "in"), str(tmp_path / "out"), {})
-    server = request.getfixturevalue("s3_server")
-    bucket = request.getfixturevalue("s3_bucket")
-    return Where(f"s3://{bucket}/in", f"s3://{bucket}/out", server.storage_options, server.client())
 
 
 def _docs(count: int) -> list[dict[str, Any]]:
