@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -12,7 +11,6 @@ import torch
 from engine.attention import get_backend
 from engine.beam_requests import BeamRequest, BeamRequests
 from engine.block_manager import BlockManager
-from engine.chat import chat_token_ids
 from engine.config import EngineConfig
 from engine.device_features import announce, batch_limits, choose_features
 from engine.host import tune_for_cpu
@@ -22,13 +20,12 @@ from engine.model_registry import resolve_model
 from engine.model_runner import InFlightStep, ModelRunner, StepLogits
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
-from engine.pooling import PoolingParams, accumulate
+from engine.pooling import accumulate
 from engine.pooling_config import model_pooling
-from engine.request_feed import Request, RequestFeed
-from engine.request_intake import RequestError, RequestIntake, sampling_params
+from engine.request_control import RequestControl
+from engine.request_intake import RequestError, RequestIntake
 from engine.request_state import RequestState
 from engine.sample_forks import SampleForks
-from engine.sampling_params import SamplingParams
 from engine.scheduled_batch import ScheduledBatch
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
@@ -43,7 +40,7 @@ __all__ = ["LLMEngine", "RequestError"]
 log = logging.getLogger(__name__)
 
 
-class LLMEngine:
+class LLMEngine(RequestControl):
     """Wires the parts together: the scheduler owns the queues and each step's post-processing,
     the model runner the device, the output processor the texts; requests live in ``requests``."""
 
@@ -106,119 +103,6 @@ class LLMEngine:
         # Test hook: called with the sequences of every forward pass; raising simulates a fault.
         self.fault_injector = None
         self.feed_failure: Exception | None = None  # what stopped feed_requests' feed, for its caller
-
-    # ---- requests -------------------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        """A text prompt's ids as HF and vLLM tokenize one: with the tokenizer's special tokens
-        (Gemma's <bos>, without which it degenerates; SmolLM2 adds none)."""
-        if self.tokenizer is None:
-            raise RequestError(None, f"model at {self.model_dir} has no tokenizer: pass token ids")
-        return self.tokenizer.encode(text, add_special_tokens=True)
-
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of a chat rendered with the model's template, ready for generation."""
-        if self.tokenizer is None:
-            raise ValueError(f"model at {self.model_dir} has no tokenizer")
-        return chat_token_ids(self.tokenizer, messages)  # message content never becomes control tokens
-
-    def add_request(
-        self, request_id: str, prompt: str | list[int],
-        params: SamplingParams | PoolingParams | dict[str, Any] | None = None,
-    ) -> None:
-        """Queue a request (``PoolingParams``: an embedding request, whose output carries
-        ``embedding``). Raises ``RequestError`` naming the request if it cannot run."""
-        if request_id in self.requests:
-            raise RequestError(request_id, "id already in use")
-        token_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if isinstance(params, PoolingParams):
-            state = self.intake.new_embedding(request_id, token_ids, params)
-            self.requests[request_id] = state
-            self.scheduler.add(state.seqs[0])
-            return
-        params = sampling_params(request_id, params)
-        state = self.intake.new_request(request_id, token_ids, params)
-        self.requests[request_id] = state
-        if params.structured_output is not None or params.logprobs is not None or params.n > 1 or params.beam_width:
-            self._host_bound.add(request_id)
-        if params.beam_width is not None:
-            self.beams.add(state)
-        self.scheduler.add(state.seqs[0])
-
-    def feed_requests(
-        self, requests: Iterable[Request], refused: Callable[[str, str | list[int], RequestError], None]
-    ) -> None:
-        """Queue ``(request_id, prompt, params)`` requests as the scheduler's admission reaches
-        them rather than all now: a step is launched once its own requests are in, and in an
-        overlapped engine the others are added while the device runs (``add_request`` checks,
-        and tokenizes a text prompt). Admission, ids and outputs are those of adding them all
-        first. A request ``add_request`` refuses goes to ``refused``; another exception stops the
-        feed and is kept in ``feed_failure`` for the caller (``engine/request_feed.py``). The
-        static policy sizes a cohort from the whole queue, so there all are added now."""
-        self.feed_failure = None
-        feed = RequestFeed(list(requests), self.add_request, refused, self._end_feed)
-        if not feed.requests:
-            return
-        if self.scheduler.policy == "static":
-            while feed():
-                pass
-        else:
-            self.scheduler.feed = feed
-
-    def _end_feed(self, failure: Exception | None) -> None:
-        """A ``RequestFeed`` ran out of requests, or broke with ``failure``."""
-        self.stop_feed()
-        if failure is not None:
-            self.feed_failure = failure
-
-    def stop_feed(self) -> None:
-        """Queue no more of ``feed_requests``' requests (those queued already stay)."""
-        self.scheduler.feed = None
-
-    def abort_request(self, request_id: str) -> None:
-        state = self.requests.pop(request_id, None)
-        self._host_bound.discard(request_id)
-        self.beams.discard(request_id)
-        if state is not None:
-            for seq in state.seqs:
-                if not seq.is_finished:
-                    self.scheduler.abort(seq)
-
-    def fail_requests(self, request_ids: Iterable[str]) -> None:
-        """A caller failed midway: queue no more of its feed and drop its requests, forgetting the
-        prefix blocks they published (an exception inside a schedule leaves blocks published
-        for tokens no step computed)."""
-        self.stop_feed()
-        for request_id in request_ids:
-            state = self.requests.get(request_id)
-            if state is not None:
-                self.block_manager.forget_sequences(state.seqs)
-                self.abort_request(request_id)
-        self._drop_in_flight_if_aborted()
-
-    def abort_all(self) -> list[str]:
-        """Abort every request the engine holds (finished or not), and those not fed to it yet;
-        returns the ids of the ones it held."""
-        self.stop_feed()
-        ids = list(self.requests)
-        for request_id in ids:
-            self.abort_request(request_id)
-        self._drop_in_flight_if_aborted()
-        return ids
-
-    def _drop_in_flight_if_aborted(self) -> None:
-        """Forget a launched step whose every sequence was aborted, once the device is done with
-        it, so the next caller does not wait on it (or meet the error that ended the last one)."""
-        step = self._in_flight
-        if step is None or any(not seq.is_finished for seq in step.sample_seqs):
-            return
-        self._in_flight = None
-        try:
-            step.wait()  # its writes land before its blocks serve anyone else
-        except Exception as exc:  # the device may be what failed; whoever aborted has its own error
-            log.warning("dropped the step in flight after its requests were aborted: %s", exc)
-
-    def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     # ---- the step -------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
