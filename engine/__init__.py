@@ -15,7 +15,7 @@ _PUBLIC = {
     "CompletionOutput": "engine.outputs",
     "EngineConfig": "engine.config",
     "LLMEngine": "engine.llm_engine",
-    "PoolingParams": "engine.pooling",
+    "PoolingParams": "engine.pooling_params",
     "Logprob": "engine.outputs",
     "RequestError": "engine.request_intake",
     "RequestOutput": "engine.outputs",
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from engine.llm import LLM
     from engine.llm_engine import LLMEngine
     from engine.outputs import CompletionOutput, Logprob, RequestOutput
-    from engine.pooling import PoolingParams
+    from engine.pooling_params import PoolingParams
     from engine.request_intake import RequestError
     from engine.sampling_params import SamplingParams
     from engine.structured_output import StructuredOutput

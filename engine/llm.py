@@ -12,7 +12,7 @@ from engine.host import objects_frozen_during_call
 from engine.llm_engine import LLMEngine, RequestError
 from engine.model_registry import DEFAULT_MODEL
 from engine.outputs import RequestOutput
-from engine.pooling import PoolingParams
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]

@@ -13,7 +13,7 @@ from engine.beam_requests import BeamRequests
 from engine.block_manager import BlockManager
 from engine.chat import chat_token_ids
 from engine.model_runner import InFlightStep
-from engine.pooling import PoolingParams
+from engine.pooling_params import PoolingParams
 from engine.request_feed import Request, RequestFeed
 from engine.request_intake import RequestError, RequestIntake, sampling_params
 from engine.request_state import RequestState

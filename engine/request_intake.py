@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from engine.pooling import PoolingParams
 from engine.pooling_config import ModelPooling
+from engine.pooling_params import PoolingParams
 from engine.request_state import RequestState
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
