@@ -88,10 +88,12 @@ def _open_tmp(fs: fsspec.AbstractFileSystem, tmp: str) -> IO[bytes]:
     """Open the temporary, making its folder; again if another writer removed the folder
     between the two (``remove_empty_folder``)."""
     for attempt in range(3):
-        fs.makedirs(posixpath.dirname(tmp), exist_ok=True)
         try:
+            # os.makedirs(exist_ok=True) raises FileExistsError when the folder is removed
+            # between its mkdir and its isdir check: the same race, one step earlier
+            fs.makedirs(posixpath.dirname(tmp), exist_ok=True)
             return fs.open(tmp, "wb")
-        except FileNotFoundError:
+        except (FileNotFoundError, FileExistsError):
             if attempt == 2:
                 raise
     raise AssertionError("unreachable")
