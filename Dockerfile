@@ -54,6 +54,7 @@ COPY pipeline ./pipeline
 COPY jobs ./jobs
 COPY service ./service
 COPY harness ./harness
+COPY cli ./cli
 COPY examples ./examples
 # The versions `make test` ran (constraints.txt); torch 2.13.0+cu128 above satisfies its torch line.
 RUN pip install -c constraints.txt ".[server,plots,triton,eval]" \

@@ -35,7 +35,7 @@ demo: model
 	$(VENV)/bin/tokenmill run examples/demo/summarize.toml
 
 lint: setup
-	$(VENV)/bin/ruff check engine connectors pipeline jobs service harness tests bench
+	$(VENV)/bin/ruff check engine connectors pipeline jobs service harness cli tests bench
 
 bench: model
 	$(PY) bench/bench_engine.py

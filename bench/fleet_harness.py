@@ -91,7 +91,7 @@ class FleetHarness:
         for _ in range(count):
             log = self.logdir / f"{self.queue}-worker-{len(self.procs)}.log"
             proc = subprocess.Popen(
-                [sys.executable, "-m", "jobs.cli", "worker", "--queues", self.queue, "--pool", self.pool,
+                [sys.executable, "-m", "cli", "worker", "--queues", self.queue, "--pool", self.pool,
                  "--concurrency", str(self.concurrency), "--loglevel", "INFO"],
                 cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
             )

@@ -75,7 +75,7 @@ class Fleet:
         for _ in range(count):
             log = self.logdir / f"worker-{len(self.workers) + len(new)}.log"
             proc = subprocess.Popen(
-                [sys.executable, "-m", "jobs.cli", "worker", "--queues", self.queue, "--pool", self.pool,
+                [sys.executable, "-m", "cli", "worker", "--queues", self.queue, "--pool", self.pool,
                  "--loglevel", "INFO"],
                 cwd=REPO, env=self.env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
             )

@@ -90,7 +90,7 @@ class Stack:
 
 
 def _start(args: list[str], env: dict[str, str], log: Path) -> Proc:
-    proc = subprocess.Popen([sys.executable, "-m", "jobs.cli", *args], cwd=REPO, env=env, stdout=log.open("wb"),
+    proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=REPO, env=env, stdout=log.open("wb"),
                             stderr=subprocess.STDOUT, start_new_session=True)
     return Proc(proc, log)
 

@@ -105,7 +105,7 @@ def test_registered_by_name_and_by_entry_point():
 
 def test_lm_eval_command_runs_the_tokenmill_model(tiny_model_dir, include_path, tmp_path, capsys):
     """``tokenmill lm-eval`` takes lm_eval's own arguments, ``--model tokenmill`` among them."""
-    from jobs.cli import main
+    from cli.app import main
 
     with pytest.raises(SystemExit) as done:
         main(["lm-eval", "--model", "tokenmill", "--model_args",

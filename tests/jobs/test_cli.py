@@ -22,8 +22,8 @@ import redis
 from pipeline_support import jsonl_bytes, tiny_engine, wait_until
 from typer.testing import CliRunner
 
+from cli.app import app
 from connectors import read_parts
-from jobs.cli import app
 
 REPO = Path(__file__).resolve().parents[2]
 BROKER = "redis://127.0.0.1:6379/0"
@@ -36,7 +36,7 @@ runner = CliRunner()
 
 def tokenmill_cmd() -> list[str]:
     script = Path(sys.executable).parent / "tokenmill"
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "jobs.cli"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "cli"]
 
 
 def model_toml(model_dir: Path) -> str:
@@ -308,7 +308,7 @@ def test_python_api_submit_status_wait(fleet: Fleet, tmp_path: Path, tiny_model_
 
 
 def test_redis_broker_option_carries_job_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    from jobs.cli_support import redis_database, use_broker
+    from cli.support import redis_database, use_broker
 
     assert redis_database("redis://:pw@queue.internal:6380/0", 1) == "redis://:pw@queue.internal:6380/1"
     monkeypatch.delenv("TOKENMILL_BROKER_URL", raising=False)  # recorded first: restored after the test

@@ -1,5 +1,5 @@
 """Every failure a user can cause from the ``tokenmill`` command is one line on stderr and its own
-exit code (``jobs/cli_errors.py``), checked on the real entry point in a subprocess; ``--debug``
+exit code (``cli/errors.py``), checked on the real entry point in a subprocess; ``--debug``
 shows the traceback; a good ``submit`` leaves stderr empty (no Triton leak report, no
 ``AsyncResult.__del__`` traceback at exit)."""
 
@@ -17,7 +17,7 @@ import pytest
 import redis
 from test_cli import tokenmill_cmd, write_spec
 
-from jobs.cli_errors import BROKER_EXIT, EXTRA_EXIT, MODEL_EXIT, SPEC_EXIT, STORAGE_EXIT
+from cli.errors import BROKER_EXIT, EXTRA_EXIT, MODEL_EXIT, SPEC_EXIT, STORAGE_EXIT
 
 DOWN = "redis://127.0.0.1:1/0"  # nothing listens on port 1
 REFUSED = "broker unreachable: Error 111 connecting to 127.0.0.1:1. Connection refused."
@@ -80,9 +80,9 @@ def test_unsupported_architecture_and_missing_model_map_to_the_model_line(
     engine raises (in process: a subprocess per case would cost a torch import each)."""
     from huggingface_hub import constants
 
+    from cli.errors import classify
     from engine.model_loader import load_config
     from engine.model_registry import resolve_model
-    from jobs.cli_errors import classify
 
     falcon = _model_copy(tiny_model_dir, tmp_path / "falcon", architectures=["FalconForCausalLM"])
     with pytest.raises(ValueError) as arch:

@@ -8,7 +8,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from cli.app import app
 
 runner = CliRunner()
 

@@ -26,7 +26,7 @@ def test_a_hub_id_spec_runs_offline(tmp_path: Path, hf_home: Path, tiny_model_di
                             text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     # nothing else on stderr at exit: no "nanobind: leaked ... triton" lines (torch imports triton
-    # when it is installed; without a GPU the CLI hides it, jobs/cli_errors.py)
+    # when it is installed; without a GPU the CLI hides it, cli/errors.py)
     assert result.stderr == ""
     manifest = json.loads(result.stdout)
     assert manifest["status"] == "succeeded" and manifest["totals"]["rows"] == 5

@@ -124,7 +124,7 @@ def test_grace_period_option_reaches_the_shutdown_handler(monkeypatch) -> None:
     """``tokenmill worker --grace-period 7``: SIGTERM (warm) drains with 7 s, SIGQUIT (cold) with 0."""
     from typer.testing import CliRunner
 
-    from jobs.cli import app as cli
+    from cli.app import app as cli
     from pipeline import celery_app, engine_thread, worker
 
     monkeypatch.delenv("TOKENMILL_GRACE_PERIOD", raising=False)

@@ -13,9 +13,9 @@ import pytest
 from pipeline_support import Where, jsonl_bytes, make_plan, tiny_model_toml
 from typer.testing import CliRunner
 
+from cli.app import app
 from connectors import read_manifest, read_parts, success_marker_exists
 from jobs import JobSpec
-from jobs.cli import app
 from pipeline import tasks
 from pipeline.error_budget import EXAMPLE_CHARS, apply_error_budget, commonest
 from pipeline.job_runner import run_embedded

@@ -21,10 +21,10 @@ import redis
 from pipeline_support import Where, jsonl_bytes, make_plan
 from typer.testing import CliRunner
 
+from cli.app import app
 from connectors import Lease, OutputLeased, acquire_lease, read_lease
 from connectors.lease import lease_url, pid_space
 from connectors.manifest import write_bytes
-from jobs.cli import app
 from pipeline.fleet import cancel_job, job_status, submit_job
 from pipeline.job_runner import run_embedded
 

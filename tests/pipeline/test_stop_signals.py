@@ -22,8 +22,8 @@ import pytest
 from pipeline_support import Where, jsonl_bytes, make_plan, tiny_model_toml
 from typer.testing import CliRunner
 
+from cli.app import app
 from connectors import ShardCheckpoint, list_shards, read_lease, read_manifest, read_parts
-from jobs.cli import app
 from pipeline.job_runner import run_embedded
 from pipeline.shard_outcome import ShardOutcome
 from pipeline.stop_signals import RunInterrupted
@@ -97,7 +97,7 @@ def test_sigterm_to_tokenmill_run_mid_shard_then_the_rerun_resumes(tmp_path: Pat
     spec.write_text('name = "sigterm"\n[input]\nurl = "docs/"\nid_field = "id"\n'
                     '[output]\nurl = "out/"\ncheckpoint_rows = 16\n'
                     f"{tiny_model_toml(tiny_model_dir)}[sampling]\nmax_tokens = 4\nignore_eos = true\n")
-    command = [sys.executable, "-m", "jobs.cli", "run", str(spec), "--no-progress", "--show", "0", "--json"]
+    command = [sys.executable, "-m", "cli", "run", str(spec), "--no-progress", "--show", "0", "--json"]
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     run = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     checkpoints = tmp_path / "out/_checkpoints"
@@ -168,7 +168,7 @@ def test_tokenmill_lm_eval_stops_on_a_signal(monkeypatch: pytest.MonkeyPatch, si
     it at once with 128 + its number (an embedded job inside it checkpoints as above)."""
     import lm_eval.__main__
 
-    from harness.cli import run_lm_eval
+    from cli.lm_eval_command import run_lm_eval
 
     def evaluate() -> None:  # stands in for lm-eval busy with the model
         os.kill(os.getpid(), signum)

@@ -20,7 +20,7 @@ def _serve(tmp_path, model_dir, port: int, key: str, log_name: str) -> Proc:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENMILL_API_KEYS": key}
     log = tmp_path / log_name
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jobs.cli", "serve", "--storage", str(tmp_path / "storage"), "--port", str(port),
+        [sys.executable, "-m", "cli", "serve", "--storage", str(tmp_path / "storage"), "--port", str(port),
          "--model", str(model_dir), "--served-model-name", MODEL_NAME, "--engine-options", json.dumps(engine),
          "--max-tokens", "8"],
         cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)

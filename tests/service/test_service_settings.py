@@ -25,7 +25,7 @@ def test_keys_from_the_environment_and_a_file(tmp_path):
 
 def test_serve_without_keys_exits_2_naming_the_settings(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TOKENMILL_API_KEYS"} | {"PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "serve", "--storage", str(tmp_path)], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "cli", "serve", "--storage", str(tmp_path)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("serve: no API keys: set TOKENMILL_API_KEYS (comma-separated) "
@@ -36,7 +36,7 @@ def test_serve_passes_what_specs_may_reach_to_the_server(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     import service.app
-    from jobs.cli import app
+    from cli.app import app
 
     started = []
     monkeypatch.setattr(service.app, "serve", lambda settings, host, port: started.append(settings))

@@ -131,7 +131,7 @@ def test_credentials_reach_workers_from_their_environment_never_through_the_brok
 def test_cli_submit_refuses_a_literal_credential_before_touching_the_broker(tmp_path: Path, tiny_model_dir) -> None:
     from typer.testing import CliRunner
 
-    from jobs.cli import app
+    from cli.app import app
 
     (tmp_path / "in").mkdir()
     (tmp_path / "in/a.jsonl").write_bytes(jsonl_bytes(_docs("a", 1)))

@@ -20,6 +20,8 @@ from typing import Any
 
 import typer
 
+from engine.model_errors import ModelError
+
 FAILED_EXIT = 1
 SPEC_EXIT = 2
 BROKER_EXIT = 3
@@ -69,8 +71,6 @@ def _is_storage_error(exc: BaseException) -> bool:
 
 def classify(exc: BaseException) -> tuple[int, str]:
     """The exit code and the one line for ``exc`` (the first cause in its chain that is known)."""
-    from engine.model_errors import ModelError
-
     chain = _chain(exc)
     for item in chain:
         if isinstance(item, ModuleNotFoundError) and (item.name or "").split(".")[0] in EXTRA_OF_MODULE:

@@ -1,12 +1,14 @@
-"""The ``tokenmill`` commands that start a process: a fleet worker, beat, the server, the benchmark.
+"""The ``tokenmill`` commands that start a process: a fleet worker, beat, the benchmark (the server:
+``cli.serve``).
 
-They are plain functions here; ``jobs.cli`` adds them to the app with ``register``.
+They are plain functions here; ``cli.app`` adds them to the app with ``register``. The Celery app
+reads ``$TOKENMILL_BROKER_URL`` once, when it is imported, so what reaches it is imported inside
+each command, after ``use_broker``.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import sys
 from pathlib import Path
@@ -14,7 +16,8 @@ from typing import Annotated
 
 import typer
 
-from jobs.cli_support import (
+from cli.serve import serve
+from cli.support import (
     SPEC_EXIT,
     BrokerOption,
     OldQueueOption,
@@ -60,12 +63,12 @@ def worker(
     """Start a fleet worker (blocks); it also runs the enqueue task of 'tokenmill beat'."""
     queues = queue or old_queue
     use_broker(broker)
+    # lazy: the Celery app reads the broker set just above
     import jobs.scheduled  # noqa: F401  (registers the scheduled-job task on the app)
+    from pipeline.metrics import serve_metrics
     from pipeline.worker import start_worker
 
     if metrics_port is not None:
-        from pipeline.metrics import serve_metrics
-
         serve_metrics(metrics_port, metrics_host)
 
     start_worker(queues.split(",") if queues else None, concurrency, pool, loglevel, hostname,
@@ -85,7 +88,8 @@ def beat(
     if queue:
         os.environ["TOKENMILL_QUEUE"] = queue
     setup_logging(loglevel.upper())
-    from jobs.scheduled import run_beat, spec_files
+    from connectors import CredentialError  # lazy: pyarrow and fsspec take most of a second
+    from jobs.scheduled import run_beat, spec_files  # lazy: the Celery app reads the broker set above
 
     if not jobs_dir.is_dir():
         fail(f"--jobs {jobs_dir}: not a folder", SPEC_EXIT)
@@ -95,77 +99,10 @@ def beat(
         fail(f"no spec with a schedule in {jobs_dir}", SPEC_EXIT)
     for path, spec in specs.items():
         typer.echo(f"beat: {spec.name} ({spec.schedule}) from {path}", err=True)
-    from connectors import CredentialError
-
     try:
         run_beat(jobs_dir, broker, loglevel.upper(), specs=specs)
     except CredentialError as exc:
         fail(f"spec error: {exc}", SPEC_EXIT)
-
-
-def serve(
-    storage: Annotated[str, typer.Option("--storage", help="fsspec URL for uploaded files, results and metadata")],
-    broker: Annotated[
-        str | None, typer.Option("--broker", "-b", help="the fleet's broker; none: jobs run in this process")
-    ] = None,
-    queue: QueueOption = None,
-    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", "-p")] = 8000,
-    api_keys_file: Annotated[
-        Path | None, typer.Option("--api-keys-file", help="one key per line, or TOML giving each key its "
-                                   "own prefixes, variables and models (docs/tenants.md); also $TOKENMILL_API_KEYS")
-    ] = None,
-    model: Annotated[
-        str | None, typer.Option("--model", help="registered model name or local directory (default: the "
-                                 "packaged default model)")
-    ] = None,
-    served_model_name: Annotated[
-        str | None, typer.Option("--served-model-name", help="the name batch requests give as body.model")
-    ] = None,
-    engine_options: Annotated[
-        str | None, typer.Option("--engine-options", help='JSON of more [model] fields, e.g. {"num_threads": 1}')
-    ] = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="for requests that set none")] = 256,
-    max_upload_mb: Annotated[float, typer.Option("--max-upload-mb")] = 200.0,
-    allow_env: Annotated[
-        list[str] | None, typer.Option("--allow-env", help="variables specs may reference as ${env:NAME} "
-                                       "credentials, fnmatch patterns like 'AWS_*' (repeat; default none)")
-    ] = None,
-    allow_profile: Annotated[
-        list[str] | None, typer.Option("--allow-profile", help="storage profiles specs may name (repeat)")
-    ] = None,
-    allowed_url_prefix: Annotated[
-        list[str] | None, typer.Option("--allowed-url-prefix", help="confine /v1/jobs input and output URLs to "
-                                       "these prefixes; needed for local paths (repeat)")
-    ] = None,
-    old_queue: OldQueueOption = None,
-) -> None:
-    """Serve the OpenAI Files/Batches API, /v1/jobs, /metrics and the dashboard at / (blocks)."""
-    queue = queue or old_queue
-    setup_logging()
-    use_broker(broker)
-    from engine.model_registry import DEFAULT_MODEL
-    from service.app import serve as run_server
-    from service.settings import ServiceSettings, SettingsError, load_keys
-
-    try:
-        keys, key_scopes, shared = load_keys(os.environ.get("TOKENMILL_API_KEYS"), api_keys_file)
-        options = json.loads(engine_options) if engine_options else {}
-        if not isinstance(options, dict):
-            raise SettingsError("--engine-options: expected a JSON object")
-    except (SettingsError, ValueError) as exc:
-        fail(f"serve: {exc}", SPEC_EXIT)
-    settings = ServiceSettings(
-        storage_url=storage, api_keys=keys, broker_url=broker, queue=queue,
-        redis_key_prefix=os.environ.get("TOKENMILL_REDIS_KEY_PREFIX"), model=model or DEFAULT_MODEL,
-        served_model_name=served_model_name, engine_options=options, default_max_tokens=max_tokens,
-        max_upload_bytes=int(max_upload_mb * 1024 * 1024), allowed_env=list(allow_env or []),
-        allowed_profiles=list(allow_profile or []), allowed_url_prefixes=list(allowed_url_prefix or []),
-        key_scopes=key_scopes, shared=shared,
-    )
-    typer.echo(f"tokenmill serve: http://{host}:{port}/ ({'fleet ' + broker if broker else 'embedded runner'}, "
-               f"model {settings.model_name}, storage {storage})", err=True)
-    run_server(settings, host, port)
 
 
 def _bench_script() -> Path:

@@ -13,15 +13,29 @@ from __future__ import annotations
 
 import sys
 
+import typer
+
+from pipeline.stop_signals import handling_stop_signals
+
+
+def register(app: typer.Typer) -> None:
+    app.command("lm-eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+                add_help_option=False)(lm_eval)
+
+
+def lm_eval(ctx: typer.Context) -> None:
+    """lm-evaluation-harness's ``lm_eval`` with ``--model tokenmill`` available (the ``eval`` extra)."""
+    run_lm_eval(list(ctx.args))
+
 
 def run_lm_eval(args: list[str]) -> None:
+    # lazy: lm-eval is the optional 'eval' extra, and the model imports torch
     try:
         from lm_eval.__main__ import cli_evaluate
     except ImportError:
-        # the CLI's top level turns this into one line naming the extra (jobs/cli_errors.py)
+        # the CLI's top level turns this into one line naming the extra (cli/errors.py)
         raise ModuleNotFoundError("lm-eval is not installed", name="lm_eval") from None
     import harness.model  # noqa: F401  (registers the model)
-    from pipeline.stop_signals import handling_stop_signals
 
     saved = sys.argv
     sys.argv = ["lm_eval", *args]

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 
-from jobs.cli_errors import FAILED_EXIT, SPEC_EXIT
+from cli.errors import FAILED_EXIT, SPEC_EXIT
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
@@ -52,7 +52,7 @@ def load_spec(path: Path, name_file: bool = False) -> JobSpec:
     Imported here: specs import the engine (seconds), which most commands do not need."""
     from pydantic import ValidationError
 
-    from jobs.spec import JobSpec, SpecFileError
+    from jobs.spec import JobSpec, SpecFileError  # lazy: keeps `tokenmill --help` fast
     from jobs.spec_errors import format_errors
 
     try:
@@ -66,7 +66,7 @@ def load_spec(path: Path, name_file: bool = False) -> JobSpec:
 
 def plan_or_exit(spec: JobSpec, job_id: str | None, *, read_only: bool = False) -> JobPlan:
     """``to_plan`` may read the input (openai_batch); input problems exit 1, spec problems 2."""
-    from connectors import StorageError
+    from connectors import StorageError  # lazy: pyarrow and fsspec take most of a second
 
     try:
         return spec.to_plan(job_id, read_only=read_only)

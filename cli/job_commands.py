@@ -1,31 +1,20 @@
-"""The ``tokenmill`` command.
+"""The ``tokenmill`` commands about one job: run it here, submit it to the fleet, its status, cancel it.
 
-    tokenmill run JOB.toml                  embedded: this process, no broker
-    tokenmill submit JOB.toml [--broker]    queue on the fleet, print the job id
-    tokenmill status JOB_ID | JOB.toml      fleet state, or a spec's output state
-    tokenmill cancel JOB_ID [--release]      (a spec with --release: free its output's lease)
-    tokenmill worker [--broker] [-Q/--queue] a fleet worker
-    tokenmill beat --jobs DIR [--broker]    enqueue specs with a ``schedule`` when due
-    tokenmill serve --storage URL [--broker] the OpenAI-compatible Batches API, job routes, dashboard
-    tokenmill bench                         the engine benchmark
-    tokenmill lm-eval ARGS                  lm-evaluation-harness with the ``tokenmill`` model
-
-A broker given with ``--broker`` is exported as $TOKENMILL_BROKER_URL before anything
-imports the Celery app, which reads it once. Spec problems exit with status 2 and one
-``spec error: <field>: <message>`` line per problem.
+They are plain functions here; ``cli.app`` adds them to the app with ``register``. Each imports
+what reaches connectors/, pipeline/ or the engine inside its body: ``--help`` and the other
+commands do not pay for pyarrow, Celery or torch (and the Celery app must not load before
+``use_broker`` has exported ``--broker``).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from jobs.cli_errors import TokenmillApp
-from jobs.cli_processes import register as register_process_commands
-from jobs.cli_support import (
+from cli.support import (
     FAILED_EXIT,
     SPEC_EXIT,
     BrokerOption,
@@ -39,13 +28,13 @@ from jobs.cli_support import (
     use_broker,
 )
 
-app = TokenmillApp(
-    name="tokenmill", help="Batch LLM inference: run job specs embedded or on a Celery fleet.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-)
+
+def register(app: typer.Typer) -> None:
+    """Adds run, submit, status and cancel to ``app``, in that order (the order of ``--help``)."""
+    for command in (run, submit, status, cancel):
+        app.command()(command)
 
 
-@app.command()
 def run(
     spec_path: Annotated[Path, typer.Argument(metavar="JOB.toml", help="job spec (TOML or YAML)")],
     show: Annotated[int, typer.Option("--show", help="sample outputs to print at the end")] = 3,
@@ -57,7 +46,7 @@ def run(
     setup_logging()
     spec = load_spec(spec_path)
     plan = plan_or_exit(spec, job_id)
-    from connectors import OutputLeased, StorageError
+    from connectors import OutputLeased, StorageError  # lazy, as the module says
     from pipeline.job_runner import run_embedded
 
     try:
@@ -70,7 +59,7 @@ def run(
     if as_json:
         typer.echo(json.dumps(manifest, indent=2, default=str))
     else:
-        from jobs.console import print_run, read_samples
+        from jobs.console import print_run, read_samples  # lazy: reads parts through connectors
 
         samples = read_samples(manifest, plan.output_options, show) if show > 0 else []
         print_run(console, manifest, samples, extra)
@@ -78,7 +67,6 @@ def run(
         raise typer.Exit(FAILED_EXIT)
 
 
-@app.command()
 def submit(
     spec_path: Annotated[Path, typer.Argument(metavar="JOB.toml", help="job spec (TOML or YAML)")],
     broker: BrokerOption = None,
@@ -92,7 +80,7 @@ def submit(
     use_broker(broker)
     spec = load_spec(spec_path)
     plan = plan_or_exit(spec, job_id)
-    from connectors import CredentialError, OutputLeased, StorageError
+    from connectors import CredentialError, OutputLeased, StorageError  # lazy, as the module says
     from pipeline.fleet import submit_job
 
     try:
@@ -105,7 +93,6 @@ def submit(
         fail(f"spec error: {exc}", SPEC_EXIT)
 
 
-@app.command()
 def status(
     job: Annotated[str, typer.Argument(metavar="JOB_ID|JOB.toml", help="a fleet job id, or a spec to read its output")],
     broker: BrokerOption = None,
@@ -113,7 +100,7 @@ def status(
 ) -> None:
     """Per-shard state and progress of a job (live from Redis; for a spec, from its output)."""
     use_broker(broker)
-    from pipeline.fleet import job_status
+    from pipeline.fleet import job_status  # lazy: the Celery app reads the broker set just above
 
     try:
         if Path(job).suffix.lower() in (".toml", ".yaml", ".yml") and Path(job).is_file():
@@ -125,12 +112,11 @@ def status(
     if as_json:
         typer.echo(json.dumps(state, indent=2, default=str))
     else:
-        from jobs.console import status_table
+        from jobs.console import status_table  # lazy: reads parts through connectors
 
         console.print(status_table(state))
 
 
-@app.command()
 def cancel(
     job: Annotated[str, typer.Argument(metavar="JOB_ID|JOB.toml", help="a fleet job id; a spec only with --release")],
     broker: BrokerOption = None,
@@ -144,7 +130,7 @@ def cancel(
     if Path(job).suffix.lower() in (".toml", ".yaml", ".yml") and Path(job).is_file():
         if not release:
             fail("a spec is cancelled only with --release (it releases its output's lease); cancel a job by its id")
-        from connectors import public_url, read_lease, release_lease
+        from connectors import public_url, read_lease, release_lease  # lazy, as the module says
 
         plan = plan_or_exit(load_spec(Path(job)), "release", read_only=True)
         where = public_url(plan.output_url)
@@ -156,7 +142,7 @@ def cancel(
         console.print(f"released the lease on {where} held by run {held.run_id} ({held.holder})" if held
                       else f"no lease on {where}", soft_wrap=True, markup=False, highlight=False)
         return
-    from pipeline.fleet import cancel_job
+    from pipeline.fleet import cancel_job  # lazy: the Celery app reads the broker set above
 
     try:
         state = cancel_job(job, release=release)
@@ -165,23 +151,3 @@ def cancel(
     console.print(f"cancel requested for {job} (status: {state['status']})")
     for note in state.get("notes", []):
         console.print(note, soft_wrap=True, markup=False, highlight=False)
-
-
-register_process_commands(app)
-
-
-@app.command("lm-eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-             add_help_option=False)
-def lm_eval(ctx: typer.Context) -> None:
-    """lm-evaluation-harness's ``lm_eval`` with ``--model tokenmill`` available (the ``eval`` extra)."""
-    from harness.cli import run_lm_eval
-
-    run_lm_eval(list(ctx.args))
-
-
-def main(argv: list[str] | None = None) -> Any:
-    return app(argv)
-
-
-if __name__ == "__main__":
-    app()
