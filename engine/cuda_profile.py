@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
@@ -11,12 +11,22 @@ from engine.sampling_params import SamplingParams
 from engine.scheduled_batch import ScheduledBatch, ScheduledSequence
 from engine.sequence import Sequence
 
-if TYPE_CHECKING:
-    from engine.model_runner import ModelRunner
+
+class ProfiledRunner(Protocol):
+    """What sizing uses of the model runner (a protocol: the runner imports this module)."""
+
+    device: torch.device
+    block_size: int
+
+    def allocate_kv_pool(self, num_blocks: int) -> torch.Tensor: ...
+
+    def bind_kv_pool(self, pool: torch.Tensor | None) -> None: ...
+
+    def execute(self, batch: ScheduledBatch) -> Any: ...
 
 
 def profile_cuda_blocks(
-    runner: ModelRunner, max_num_batched_tokens: int, max_model_len: int, utilization: float, per_block: int
+    runner: ProfiledRunner, max_num_batched_tokens: int, max_model_len: int, utilization: float, per_block: int
 ) -> int:
     """Run one step at the full token budget on a throwaway pool to find the activation peak.
 

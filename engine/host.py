@@ -5,55 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import gc
 import logging
 import os
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 
+from engine import native
+
 log = logging.getLogger(__name__)
-
-
-@functools.cache
-def cpuinfo_field(name: str) -> str:
-    """The first CPU's ``name`` field in /proc/cpuinfo (``flags``, ``vendor_id``, ...); empty
-    where there is none."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == name:
-                return value.strip()
-    except OSError:
-        pass
-    return ""
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The first CPU's flags in /proc/cpuinfo (empty where there is none)."""
-    return frozenset(cpuinfo_field("flags").split())
-
-
-def has_amx() -> bool:
-    """Whether the CPU has AMX tiles for bfloat16: then oneDNN's bfloat16 products win at every
-    size, and torch's bfloat16 attention (SDPA) beats its float32 one."""
-    return "amx_bf16" in cpu_flags()
-
-
-def has_avx512() -> bool:
-    """Whether the C kernels (built with -march=native) get their AVX-512 instances."""
-    return "avx512f" in cpu_flags()
-
-
-def cpu_vendor() -> str:
-    """``GenuineIntel``, ``AuthenticAMD``, ... (empty where /proc/cpuinfo has none). MKL picks
-    its kernels by vendor: on AMD its float32 products ran at half oneDNN's rate (probe JSON in
-    bench/published/probe-products-*)."""
-    return cpuinfo_field("vendor_id")
 
 
 _M_TRIM_THRESHOLD = -1
@@ -90,8 +52,6 @@ def bind_threads_to_cores(threads: int) -> bool:
     core this process may use, as vLLM's CPU backend does. Threads created later by the calling
     thread inherit its single core. Returns False (and changes nothing) where there are fewer
     cores than threads or the library cannot be built."""
-    from engine import native
-
     cpus = sorted(os.sched_getaffinity(0))
     lib = native.thread_lib()
     if lib is None or threads > len(cpus) or threads < 1:

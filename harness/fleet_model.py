@@ -15,17 +15,17 @@ import json
 import logging
 from typing import Any
 
-from lm_eval.api.model import TemplateLM
-
-from engine import SamplingParams
+from engine.model_loader import load_config, load_tokenizer
+from engine.model_registry import DEFAULT_MODEL, resolve_model
+from engine.sampling_params import SamplingParams
 from harness.fleet_job import FleetSettings, JobRun, job_spec, read_results, run_job
-from harness.model import TokenmillLM, engine_settings
+from harness.model_base import TokenmillBase, engine_settings
 from pipeline.token_requests import ROW_BEAM_SEARCH, ROW_SAMPLING
 
 log = logging.getLogger("lm_eval.models.tokenmill")
 
 
-class FleetLM(TokenmillLM):
+class FleetLM(TokenmillBase):
     """``FleetLM(model=..., work_dir=..., broker=...)``: the fleet (or, without ``broker``, this
     process) runs the requests; engine settings in the model_args go into the job's ``[model]``."""
 
@@ -48,14 +48,12 @@ class FleetLM(TokenmillLM):
         timeout_s: float | None = None,
         poll_s: float = 1.0,
         device: str | None = None,  # the workers' engines pick their device
-        batch_size: Any = None,  # accepted for the CLI's sake, as by TokenmillLM
+        batch_size: Any = None,  # accepted for the CLI's sake, as by harness.model's TokenmillLM
         max_batch_size: Any = None,
         **engine_args: Any,
     ) -> None:
-        TemplateLM.__init__(self)
+        super().__init__()
         settings = engine_settings(engine_args)
-        from engine.model_loader import load_config, load_tokenizer
-        from engine.model_registry import DEFAULT_MODEL, resolve_model
 
         name = str(model or pretrained or DEFAULT_MODEL)
         model_dir = resolve_model(name)

@@ -12,6 +12,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from jobs.answer_text import normalize_answer
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k for one problem with ``n`` samples, ``c`` of them correct."""
@@ -40,8 +42,6 @@ GENERATE_SAMPLE_COLUMNS = {"samples": "list<string>", "sample_finish_reasons": "
 def majority_row(row: dict[str, Any], record_fields: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
     """Row step of ``generate`` with n samples: the majority answer (first sample whose
     normalised text is the most frequent; normalised as the ``exact`` scoring method does)."""
-    from jobs.scoring import normalize_answer
-
     samples = row.get("samples")
     if row.get("error") or not samples:
         return {}

@@ -20,18 +20,17 @@ from __future__ import annotations
 
 import json
 import re
-import unicodedata
 from collections import Counter
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from jobs.answer_text import normalize_answer
 from jobs.openai_merge import merge_if_requested
 from jobs.sample_metrics import majority, pass_at_k
 
 CHOICE_LETTERS = "ABCDE"
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
 _CHOICE = re.compile(r"(?<![A-Za-z0-9])([A-E])(?![A-Za-z0-9])")
 _CHOICE_ANY_CASE = re.compile(r"(?<![A-Za-z0-9])([A-Ea-e])(?![A-Za-z0-9])")
 MAX_PREDICTION_CHARS = 200
@@ -41,12 +40,6 @@ SAMPLE_COLUMNS = {
     "samples": "list<string>", "sample_finish_reasons": "list<string>", "sample_correct": "list<bool>",
     "n_correct": "int64", "majority": "string", "majority_correct": "bool",
 }
-
-
-def normalize_answer(text: str) -> str:
-    """Lowercase, punctuation removed, articles removed, whitespace collapsed (SQuAD-style)."""
-    text = "".join(ch for ch in str(text).lower() if not unicodedata.category(ch).startswith("P"))
-    return " ".join(_ARTICLES.sub(" ", text).split())
 
 
 def extract_choice(text: str) -> str | None:

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from engine import PoolingParams
 from pipeline.plan import JobPlan
+from pipeline.sub_requests import RowGroup, RowInputError, SubRequest
 
 if TYPE_CHECKING:
-    from pipeline.row_requests import RowGroup, SubRequest
     from pipeline.shard_engine import PromptEngine
 
 EMBEDDING_COLUMN = "embedding"
@@ -37,8 +37,6 @@ class EmbedRequests:
         self.params = PoolingParams(options.get("pooling"), options.get("normalize"), options.get("dimensions"))
 
     def build(self, fields: dict[str, Any], row: int, messages: list[dict[str, str]]) -> list[SubRequest]:
-        from pipeline.row_requests import RowInputError, SubRequest
-
         text = messages[-1]["content"]
         if not text:
             raise RowInputError(f"row {row}: empty text, nothing to embed")

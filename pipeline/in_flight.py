@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 from engine import RequestError, RequestOutput
 from pipeline.row_preparation import PreparedRow
-from pipeline.row_requests import RowGroup, SubRequest
 from pipeline.shard_engine import ShardEngine
+from pipeline.sub_requests import RowGroup, SubRequest
 
 if TYPE_CHECKING:
     from pipeline.shard_opening import OpenShard

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from engine import SamplingParams
 from engine.chat import special_token_strings
 from pipeline.plan import JobPlan, RequestMode
+from pipeline.sub_requests import RowGroup, RowInputError, SubRequest
 
 if TYPE_CHECKING:
-    from pipeline.row_requests import RowGroup, SubRequest
     from pipeline.shard_engine import PromptEngine
 
 
@@ -38,8 +38,6 @@ def scored_sum(out: Any, token_ids: list[int], start: int) -> float:
 
 def parse_choices(value: Any, field: str, row: int) -> list[str]:
     """A row's answer choices: a list of strings (a JSON list as text is accepted, for CSV)."""
-    from pipeline.row_requests import RowInputError
-
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -84,16 +82,12 @@ class Scorer:
         return "\n\n".join(parts)
 
     def build(self, fields: dict[str, Any], row: int, messages: list[dict[str, str]]) -> list[SubRequest]:
-        from pipeline.row_requests import SubRequest
-
         if self.plan.request_mode == RequestMode.PERPLEXITY:
             return [self._document(fields, row)]
         choices = parse_choices(fields.get(self.choices_field), self.choices_field, row)
         texts = [m["content"] for m in messages] + choices
         special = next((s for s in self.specials for t in texts if s in t), None)
         if special is not None:  # documents are data: never let row text become a control token
-            from pipeline.row_requests import RowInputError
-
             raise RowInputError(f"row {row}: the question or a choice contains the special token {special!r}, "
                                 "which log-likelihood scoring cannot keep literal")
         context = self.context_text(messages)
@@ -106,15 +100,11 @@ class Scorer:
             whole = self.engine.encode(context + moved + self.delimiter + choice)
             cont = whole[len(ctx_ids):]
             if not cont:
-                from pipeline.row_requests import RowInputError
-
                 raise RowInputError(f"row {row}: choice {choice!r} adds no tokens to the context")
             subs.append(SubRequest(ctx_ids + cont, self._params(len(ctx_ids)), scored_from=len(ctx_ids), label=choice))
         return subs
 
     def _document(self, fields: dict[str, Any], row: int) -> SubRequest:
-        from pipeline.row_requests import RowInputError, SubRequest
-
         tok = self.engine.tokenizer
         prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
         text = str(fields.get(self.plan.text_field, ""))  # special-token strings stay literal text

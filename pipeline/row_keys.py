@@ -22,7 +22,7 @@ import json
 
 from engine.sampling_params import SamplingParams
 from pipeline.plan import JobPlan
-from pipeline.row_requests import SubRequest
+from pipeline.sub_requests import SubRequest
 
 _ENGINE_FIELDS = ("model", "dtype", "max_model_len")
 

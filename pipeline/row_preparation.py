@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from connectors import Record
 from pipeline.plan import JobPlan
 from pipeline.prompts import TemplateError, prefix_key, render_messages
-from pipeline.row_requests import RequestBuilder, RowInputError, SubRequest
+from pipeline.row_requests import RequestBuilder
 from pipeline.shard_engine import PromptEngine
+from pipeline.sub_requests import RowInputError, SubRequest
 
 
 @dataclass

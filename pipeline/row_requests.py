@@ -11,45 +11,16 @@ sampling settings (OpenAI batch lines: ``plan.sampling_field``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from engine import PoolingParams, RequestOutput, SamplingParams
+from engine.sampling_params import SamplingParams
+from pipeline.embed_requests import EmbedRequests
+from pipeline.loglikelihood import Scorer
 from pipeline.openai_output import CHOICES_KEY, logprobs_content
 from pipeline.plan import JobPlan, RequestMode
 from pipeline.shard_engine import PromptEngine
-
-
-class RowInputError(ValueError):
-    """The row cannot become a request (bad choices, bad per-row sampling); the message names the row."""
-
-
-def make_params(values: dict[str, Any]) -> SamplingParams:
-    """SamplingParams from plain data (``structured_output`` given as a dict)."""
-    return SamplingParams.from_dict(values)
-
-
-@dataclass
-class SubRequest:
-    """One engine request of a row; ``scored_from``: first prompt position whose logprob counts."""
-
-    token_ids: list[int]
-    params: SamplingParams | PoolingParams
-    scored_from: int | None = None
-    label: str | None = None  # the answer choice this request scores
-
-
-@dataclass
-class RowGroup:
-    """A row's requests in flight; the row is finished when every one has an output."""
-
-    subs: list[SubRequest]
-    outputs: dict[int, RequestOutput] = field(default_factory=dict)
-    key: str | None = None  # its content key, when rows with the same key may share its result
-
-    @property
-    def done(self) -> bool:
-        return len(self.outputs) == len(self.subs)
+from pipeline.sub_requests import RowGroup, RowInputError, SubRequest, make_params
+from pipeline.token_requests import TokenRequests
 
 
 def _choice_dict(out: Any, tokenizer: Any, top: int | None) -> dict[str, Any]:
@@ -69,16 +40,10 @@ class RequestBuilder:
         self.params = make_params(self.base)
         self.scorer = None
         if plan.request_mode == RequestMode.TOKENS:
-            from pipeline.token_requests import TokenRequests
-
             self.scorer = TokenRequests(self.row_params)
         elif plan.request_mode == RequestMode.EMBED:
-            from pipeline.embed_requests import EmbedRequests
-
             self.scorer = EmbedRequests(plan, engine)
         elif plan.request_mode != RequestMode.GENERATE:
-            from pipeline.loglikelihood import Scorer
-
             self.scorer = Scorer(plan, engine)
 
     def row_params(self, fields: dict[str, Any], row: int) -> SamplingParams:

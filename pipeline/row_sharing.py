@@ -20,7 +20,7 @@ from pipeline.previous_rows import PreviousRows, load_output_rows
 from pipeline.result_rows import ResultRows
 from pipeline.row_keys import ContentKeys, shareable
 from pipeline.row_preparation import PreparedRow
-from pipeline.row_requests import SubRequest
+from pipeline.sub_requests import SubRequest
 
 if TYPE_CHECKING:
     from pipeline.shard_opening import OpenShard

@@ -15,12 +15,10 @@ one of two requests:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine import SamplingParams
-
-if TYPE_CHECKING:
-    from pipeline.row_requests import RowGroup, SubRequest
+from pipeline.sub_requests import RowGroup, RowInputError, SubRequest
 
 PROMPT_FIELD = "prompt"
 SCORE_FROM_FIELD = "score_from"
@@ -37,8 +35,6 @@ _DEFAULTS = SamplingParams().to_dict()  # a field left at its default asks for n
 
 
 def _token_ids(value: Any, row: int) -> list[int]:
-    from pipeline.row_requests import RowInputError
-
     if not isinstance(value, list) or not value or not all(isinstance(t, int) and t >= 0 for t in value):
         raise RowInputError(f"row {row}: field {PROMPT_FIELD!r} must be a non-empty list of token ids")
     return value
@@ -51,8 +47,6 @@ class TokenRequests:
         self.row_params = row_params  # the plan's sampling under the row's own (RequestBuilder.row_params)
 
     def build(self, fields: dict[str, Any], row: int, messages: list[dict[str, str]]) -> list[SubRequest]:
-        from pipeline.row_requests import RowInputError, SubRequest
-
         prompt = _token_ids(fields.get(PROMPT_FIELD), row)
         start = fields.get(SCORE_FROM_FIELD)
         if start is None:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
-from engine.host import has_amx
+from engine.cpu_info import has_amx
 
 
 class TorchAttentionBackend(AttentionBackend):

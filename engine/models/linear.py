@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import native
-from engine.host import cpu_flags, cpu_vendor, has_amx
+from engine.cpu_info import cpu_flags, cpu_vendor, has_amx
 
 WEIGHT_MAJOR_MAX_ROWS = 256  # unpacked float32: up to this many rows, W @ x.T is the faster product
 PACK_ROWS_HINT = 64  # the row count oneDNN tunes the packed layout for (any count still works)

@@ -57,8 +57,8 @@ class Experts(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda:
-            from engine.models import moe_triton
+        if x.is_cuda and self.act is F.silu:
+            from engine.models import moe_triton  # lazy: triton is the optional 'triton' extra
 
             if moe_triton.usable(x):
                 return moe_triton.fused_moe(x, self.gate_up, self.down, weights, ids, self.act)

@@ -115,11 +115,9 @@ def _layout(ids: torch.Tensor, weights: torch.Tensor, num_experts: int):
 def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
               ids: torch.Tensor, act) -> torch.Tensor:
     """``sum_k weights[t, k] * expert_{ids[t, k]}(x[t])`` for every token; ``act`` must be SiLU
-    (other activations take ``moe.grouped_moe``)."""
+    (``Experts.forward`` sends other activations to ``moe.grouped_moe``)."""
     if act is not F.silu:
-        from engine.models.moe import grouped_moe
-
-        return grouped_moe(x, gate_up, down, weights, ids, act)
+        raise ValueError(f"the fused MoE kernel computes SiLU experts only, not {act!r}")
     num_experts, two_inter, hidden = gate_up.shape
     inter = two_inter // 2
     rows, row_weights, tile_experts = _layout(ids, weights, num_experts)

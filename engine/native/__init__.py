@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch  # loads torch's libgomp before any library here needs it
 
-from engine.host import cpuinfo_field
+from engine.cpu_info import cpuinfo_field
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+from typing import Protocol
 
 import torch
 
@@ -10,15 +11,20 @@ from engine.model_runner import ModelRunner
 from engine.parallel.messages import Kind, StepMessage
 from engine.step_inputs import StepInputs
 
-if TYPE_CHECKING:
-    from engine.parallel.driver import TensorParallel
+
+class RankSender(Protocol):
+    """What the runner uses of ``TensorParallel`` (a protocol: the driver imports this module)."""
+
+    def send(self, message: StepMessage) -> None: ...
+
+    def guard(self) -> contextlib.AbstractContextManager[None]: ...
 
 
 class TensorParallelRunner(ModelRunner):
     """A ``ModelRunner`` over rank 0's shard. ``parallel`` is set once every rank's runner is
     built: until then (the start-up profiling step) each rank runs its own identical steps."""
 
-    parallel: TensorParallel | None = None
+    parallel: RankSender | None = None
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         parallel = self.parallel

@@ -27,7 +27,7 @@ import os
 import torch
 from torch import nn
 
-from engine.host import cpu_flags
+from engine.cpu_info import cpu_flags
 from engine.quant.checkpoint import QuantWeight
 
 INT8_MAX = 127.0

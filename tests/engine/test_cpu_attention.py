@@ -9,7 +9,7 @@ import torch
 from engine.attention.cpu_kernels import PagedDecodeKernel, load, load_prefill
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import TorchAttentionBackend, paged_decode_attention
-from engine.host import has_amx
+from engine.cpu_info import has_amx
 
 BLOCK_SIZE = 16
 LENGTHS = [1, 15, 16, 17, 100, 0]

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import native
-from engine.host import cpu_flags
+from engine.cpu_info import cpu_flags
 from engine.models import linear
 from engine.models.linear import BF16_MAX_ROWS, INTEL_FLOAT32_MKL_MAX_ROWS, Linear
 
