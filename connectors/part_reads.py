@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from connectors.manifest import read_manifest
 from connectors.parquet_sink import PartId, part_id_of, part_url
 from connectors.storage import StorageError, filesystem_for, with_retries
 
@@ -45,8 +46,6 @@ def read_parts(
 ) -> pa.Table:
     """The job's parts concatenated in shard order (for tests and status): the part file names
     given, else those the manifest lists, else every `part-*.parquet` under `output_url`."""
-    from connectors.manifest import read_manifest
-
     fs, base = filesystem_for(output_url, storage_options)
     base = base.rstrip("/")
     fs.invalidate_cache()

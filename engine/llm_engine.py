@@ -20,6 +20,7 @@ from engine.model_registry import resolve_model
 from engine.model_runner import InFlightStep, ModelRunner, StepLogits
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
+from engine.parallel.driver import TensorParallel
 from engine.pooling import accumulate
 from engine.pooling_config import model_pooling
 from engine.request_control import RequestControl
@@ -59,8 +60,6 @@ class LLMEngine(RequestControl):
         )
         self.parallel = None  # the worker ranks, with tensor_parallel_size > 1
         if config.tensor_parallel_size > 1:
-            from engine.parallel.driver import TensorParallel
-
             self.parallel = TensorParallel(config, self.model_dir, self.max_model_len, device)
             self.runner = self.parallel.runner
             model = self.runner.model

@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors import OutputLeased, join_url, read_manifest, read_parts, remove_optional, write_file_set
+from engine.model_registry import PACKAGED_MODELS
+from jobs import api
 from jobs.spec import JobSpec
+from pipeline.job_status import FINAL_JOB_STATUSES
 from pipeline.shard_outcome import entry_part_file
 
 log = logging.getLogger("lm_eval.models.tokenmill")
@@ -67,8 +70,6 @@ def _digest(value: Any) -> str:
 
 
 def _model_section(engine: dict[str, Any]) -> dict[str, Any]:
-    from engine.model_registry import PACKAGED_MODELS
-
     section = {k: v for k, v in engine.items() if k != "model"}
     model = str(engine["model"])
     return {"name": model, **section} if model in PACKAGED_MODELS else {"path": model, **section}
@@ -100,8 +101,6 @@ def run_job(spec: JobSpec, files: list[tuple[str, str]], settings: FleetSettings
     """Write the request files (unchanged ones stay as they are), run the job, wait for it
     (a bar over its ``rows`` if ``progress``); returns (job id, manifest). Raises
     ``RuntimeError`` unless every shard succeeded."""
-    from jobs import api
-
     write_file_set(spec.input.url, REQUEST_FILES, files)
     job_id = f"{spec.name}-{uuid.uuid4().hex[:8]}"
     if settings.broker is None:
@@ -127,9 +126,6 @@ def _wait(job_id: str, settings: FleetSettings, rows: int, progress: bool) -> st
     ``TimeoutError`` after ``settings.timeout_s`` (None: as long as it takes)."""
     from tqdm import tqdm
 
-    from jobs import api
-    from pipeline.job_status import FINAL_JOB_STATUSES
-
     deadline = None if settings.timeout_s is None else time.monotonic() + settings.timeout_s
     with tqdm(total=rows, desc=f"job {job_id}", unit="request", disable=not progress) as bar:
         while True:
@@ -144,8 +140,6 @@ def _wait(job_id: str, settings: FleetSettings, rows: int, progress: bool) -> st
 
 def _running_job(exc: OutputLeased, spec: JobSpec) -> str:
     """The job id holding the output, if it is a live fleet job of this evaluation; else re-raise."""
-    from jobs import api
-
     held = exc.lease.run_id if exc.lease is not None else ""
     if not held.startswith(f"{spec.name}-"):
         raise exc

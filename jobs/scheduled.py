@@ -21,6 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from connectors import CredentialError, literal_credentials
+from jobs.api import submit
+from jobs.secrets import reveal
+from jobs.spec import JobSpec
 from pipeline.celery_app import app, make_app
 
 log = logging.getLogger(__name__)
@@ -32,9 +36,6 @@ SPEC_SUFFIXES = (".toml", ".yaml", ".yml")
 @app.task(name=ENQUEUE_TASK)
 def enqueue_scheduled_job(spec_data: dict[str, Any], broker_url: str | None = None, queue: str | None = None) -> str:
     """Submit one run of a scheduled spec; returns the new job id."""
-    from jobs.api import submit
-    from jobs.spec import JobSpec
-
     spec = JobSpec.from_dict(spec_data)
     job_id = f"{spec.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{spec.new_job_id()[-4:]}"
     submitted = submit(spec, broker_url, job_id=job_id, queue=queue)
@@ -49,8 +50,6 @@ def spec_files(directory: str | Path) -> list[Path]:
 def load_scheduled(directory: str | Path) -> dict[Path, Any]:
     """{path: JobSpec} for every spec in ``directory`` that has a schedule. Any invalid spec raises:
     beat should not start with a job silently missing."""
-    from jobs.spec import JobSpec
-
     specs = {path: JobSpec.from_file(path) for path in spec_files(directory)}
     return {path: spec for path, spec in specs.items() if spec.schedule}
 
@@ -58,9 +57,6 @@ def load_scheduled(directory: str | Path) -> dict[Path, Any]:
 def beat_schedule(specs: dict[Path, Any], broker_url: str | None, queue: str) -> dict[str, dict[str, Any]]:
     """Celery ``beat_schedule`` entries, one per spec (names must be unique). Each fire carries
     the spec through the broker, so a spec holding a literal credential is refused."""
-    from connectors import CredentialError, literal_credentials
-    from jobs.secrets import reveal
-
     entries: dict[str, dict[str, Any]] = {}
     for path, spec in specs.items():
         if spec.name in entries:

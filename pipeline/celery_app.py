@@ -129,7 +129,7 @@ def _preload_engine(**_: object) -> None:
     task builds it. A shard whose plan has other settings replaces it."""
     settings = os.environ.get("TOKENMILL_PRELOAD_ENGINE")
     if settings:
-        from pipeline.engine_cache import get_engine
+        from pipeline.engine_cache import get_engine  # lazy: submit/status import this app, torch-free
 
         get_engine(json.loads(settings))
 
@@ -142,7 +142,7 @@ def _preload_engine_for_threads(sender: object = None, **_: object) -> None:
 
     settings = os.environ.get("TOKENMILL_PRELOAD_ENGINE")
     if settings and isinstance(getattr(sender, "pool", None), ThreadsPool):
-        from pipeline.engine_thread import engine_thread
+        from pipeline.engine_thread import engine_thread  # lazy: as get_engine above
 
         engine_thread().preload(json.loads(settings))
 
@@ -165,7 +165,7 @@ def _drain_on_shutdown(sig: str | None = None, how: str | None = None, **_: obje
     cancel step raises NotImplementedError (the pool cannot terminate one job) and the worker
     then waits for every task anyway (Celery 5.7); it also sleeps the whole timeout even
     when the tasks finish sooner."""
-    from pipeline.engine_thread import engine_thread
+    from pipeline.engine_thread import engine_thread  # lazy: as get_engine above
 
     grace = 0.0 if how == "Cold" else grace_period_s()
     log.warning("worker shutting down (%s, %s): finishing held shards for up to %.0f s", sig, how, grace)

@@ -33,6 +33,7 @@ from pipeline.job_state import JobStateStore
 from pipeline.job_status import FINAL_JOB_STATUSES, JobStatus
 from pipeline.manifest import public_url, utc_now
 from pipeline.output_lease import FLEET_TTL_S, release_output, take_output
+from pipeline.output_status import status_from_output
 from pipeline.plan import JobPlan
 from pipeline.publish import begin_output
 from pipeline.queue_check import warn_if_unconsumed
@@ -169,7 +170,6 @@ def job_status(job: str | JobPlan, *, state_url: str | None = None) -> dict[str,
         return live_status(job_id, meta, shards)
     if plan is None:
         raise KeyError(f"unknown job {job_id!r}: no state in Redis (pass the JobPlan to read its output)")
-    from pipeline.output_status import status_from_output
 
     return status_from_output(plan)
 

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from connectors import part_name, public_url
+from engine.model_registry import DEFAULT_MODEL
 from pipeline.job_status import JobStatus
 from pipeline.kind_steps import step_name
 from pipeline.plan import JobPlan
@@ -117,8 +118,6 @@ def build_manifest(
     summary: Any = None,
     cancelled: bool = False,
 ) -> dict[str, Any]:
-    from engine.model_registry import DEFAULT_MODEL  # here: the fleet's status/cancel path stays torch-free
-
     kind = plan.steps()
     outcomes = sorted(outcomes, key=lambda o: o.index)
     shards = [_shard_entry(o) for o in outcomes]

@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from connectors.redaction import redact
 from service import metrics
+from service.auth import owner_of
 from service.batches import BatchAdvancer
 from service.errors import install_handlers
 from service.guard import RequestGuard
@@ -97,8 +98,6 @@ def create_app(settings: ServiceSettings, runner: Runner | None = None, *, load_
 
     @app.get("/v1/models")
     def models(request: Request) -> dict[str, Any]:
-        from service.auth import owner_of
-
         owner_of(request)
         return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": 0,
                                             "owned_by": "tokenmill"}]}

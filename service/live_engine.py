@@ -30,6 +30,8 @@ from typing import Any
 
 from engine import EngineConfig, LLMEngine, RequestError, RequestOutput, SamplingParams
 from engine.host import objects_frozen_during_call
+from engine.model_loader import load_tokenizer
+from engine.model_registry import resolve_model
 from service.fair_share import FairShare
 from service.live_metrics import LiveMetrics
 
@@ -94,9 +96,6 @@ class LiveEngine:
     def tokenizer(self) -> Any:
         """A tokenizer of the served model for the request threads (the engine keeps its own)."""
         if self._tokenizer is None:
-            from engine.model_loader import load_tokenizer
-            from engine.model_registry import resolve_model
-
             self._tokenizer = load_tokenizer(resolve_model(self.settings["model"]))
         return self._tokenizer
 

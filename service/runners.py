@@ -15,6 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from connectors import list_shards
+from pipeline import metrics
+from pipeline.job_runner import run_embedded
 from pipeline.plan import JobPlan
 from pipeline.shard_outcome import ShardOutcome
 
@@ -34,17 +37,17 @@ class FleetRunner:
         self.broker_url, self.queue, self.prefix = broker_url, queue_name, redis_key_prefix
 
     def submit(self, plan: JobPlan) -> str:
-        from pipeline.fleet import submit_job
+        from pipeline.fleet import submit_job  # lazy: an embedded server never loads the Celery app
 
         return submit_job(plan, self.broker_url, queue=self.queue, redis_key_prefix=self.prefix)
 
     def status(self, job_id: str) -> dict[str, Any]:
-        from pipeline.fleet import job_status
+        from pipeline.fleet import job_status  # lazy: an embedded server never loads the Celery app
 
         return job_status(job_id)
 
     def cancel(self, job_id: str) -> None:
-        from pipeline.fleet import cancel_job
+        from pipeline.fleet import cancel_job  # lazy: an embedded server never loads the Celery app
 
         cancel_job(job_id)
 
@@ -71,8 +74,6 @@ class EmbeddedRunner:
         self._thread.start()
 
     def submit(self, plan: JobPlan) -> str:
-        from connectors import list_shards
-
         shards = list_shards(plan.input_url, format=plan.input_format, storage_options=plan.storage_options,
                              split_row_groups=plan.split_row_groups)
         job = _EmbeddedJob(plan, {"name": plan.name, "kind": plan.kind, "status": "queued",
@@ -84,7 +85,7 @@ class EmbeddedRunner:
         return plan.job_id
 
     def status(self, job_id: str) -> dict[str, Any]:
-        from pipeline.fleet import live_status
+        from pipeline.fleet import live_status  # lazy: an embedded server never loads the Celery app
 
         with self._lock:
             job = self._jobs.get(job_id)
@@ -119,9 +120,6 @@ class EmbeddedRunner:
                 del self._jobs[job_id]
 
     def _run(self, job: _EmbeddedJob) -> None:
-        from pipeline import metrics
-        from pipeline.job_runner import run_embedded
-
         def on_progress(p: ShardOutcome) -> None:
             state = {**p.to_state_dict(), "started_at": p.started_at, "updated_at": time.time(), "worker": "embedded",
                      **{k: v for k, v in metrics.snapshot().items() if k in ("kv_usage", "prefix_hit_rate")}}

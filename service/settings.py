@@ -6,13 +6,11 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.model_registry import DEFAULT_MODEL
 from service.scopes import KeyScope, SharedScope, is_toml, parse_keys_file
-
-if TYPE_CHECKING:
-    from service.spec_policy import SpecPolicy
+from service.spec_policy import SpecPolicy
 
 DEFAULT_MAX_UPLOAD_BYTES = 200 * 1024 * 1024  # OpenAI's limit for a batch input file
 DEFAULT_MAX_JSON_BYTES = 1024 * 1024  # any other request body
@@ -90,8 +88,6 @@ class ServiceSettings:
         return {key: key_id(key) for key in self.api_keys}
 
     def spec_policy(self) -> SpecPolicy:
-        from service.spec_policy import SpecPolicy
-
         return SpecPolicy(self.storage_url, tuple(self.allowed_env), tuple(self.allowed_profiles),
                           tuple(self.allowed_url_prefixes), self.model, tuple(self.engine_options.items()),
                           self.shared, {key_id(k): scope for k, scope in self.key_scopes.items()})

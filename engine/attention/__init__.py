@@ -2,21 +2,19 @@
 
 from engine.attention.backend import Attention, AttentionBackend
 from engine.attention.metadata import AttentionMetadata
+from engine.attention.torch_backend import TorchAttentionBackend
+from engine.device_features import triton_available
 
 
 def get_backend(name: str, device: str) -> AttentionBackend:
     """``auto``: Triton on CUDA where triton is installed (verified on an H200, see
     ``engine/device_features.py``), torch everywhere else."""
     if name == "auto":
-        from engine.device_features import triton_available
-
         name = "triton" if str(device).startswith("cuda") and triton_available() else "torch"
     if name == "torch":
-        from engine.attention.torch_backend import TorchAttentionBackend
-
         return TorchAttentionBackend()
     if name == "triton":
-        from engine.attention.triton_backend import TritonAttentionBackend
+        from engine.attention.triton_backend import TritonAttentionBackend  # lazy: triton is optional
 
         return TritonAttentionBackend()
     raise ValueError(f"unknown attention backend {name!r} (auto, torch, triton)")

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.backend import AttentionBackend
+from engine.attention.cpu_kernels import PagedDecodeKernel, PagedPrefillKernel, load, load_prefill, write_kv
 from engine.attention.metadata import AttentionMetadata
 from engine.cpu_info import has_amx
 
@@ -46,15 +47,11 @@ class TorchAttentionBackend(AttentionBackend):
         self.kernel = None
         self.prefill_kernel_fn = None
         if decode_kernel != "torch":
-            from engine.attention.cpu_kernels import PagedDecodeKernel, load
-
             lib = load()
             if lib is None and decode_kernel == "c":
                 raise RuntimeError("the C decode kernel is not available (no compiler, or TOKENMILL_CPU_KERNELS=0)")
             self.kernel = PagedDecodeKernel(lib) if lib is not None else None
             if self.kernel is not None and prefill_kernel:
-                from engine.attention.cpu_kernels import PagedPrefillKernel, load_prefill
-
                 prefill_lib = load_prefill()
                 self.prefill_kernel_fn = PagedPrefillKernel(prefill_lib) if prefill_lib is not None else None
 
@@ -73,8 +70,6 @@ class TorchAttentionBackend(AttentionBackend):
 
     def write_kv(self, key, value, k_cache, v_cache, meta: AttentionMetadata) -> None:
         if self.kernel is not None:
-            from engine.attention.cpu_kernels import write_kv
-
             if write_kv(key, value, k_cache, v_cache, meta.slot_mapping):
                 return
         bs = meta.block_size

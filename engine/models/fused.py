@@ -20,7 +20,7 @@ MAX_HEAD_DIM = 512  # the rotary kernel's per-head scratch
 def _triton_fused():
     """The Triton versions for CUDA tensors (``fused_triton.py``), or None without triton."""
     try:
-        from engine.models import fused_triton
+        from engine.models import fused_triton  # lazy: triton is optional
     except ImportError:
         return None
     return fused_triton

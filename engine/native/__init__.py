@@ -28,6 +28,7 @@ from pathlib import Path
 import torch  # loads torch's libgomp before any library here needs it
 
 from engine.cpu_info import cpuinfo_field
+from engine.model_registry import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,6 @@ def load(name: str, source: Path, includes: tuple[Path, ...] = (), flags: list[s
     if compiler is None:
         log.warning("no C compiler found: %s falls back to torch ops (slower)", name)
         return None
-    from engine.model_registry import cache_dir
 
     flags = FLAGS if flags is None else flags
     text = b"".join(p.read_bytes() for p in (source, *includes))
