@@ -14,7 +14,6 @@ from typing import Annotated
 import typer
 
 from cli.support import SPEC_EXIT, OldQueueOption, QueueOption, fail, setup_logging, use_broker
-from engine.model_registry import DEFAULT_MODEL
 
 
 def serve(
@@ -58,7 +57,9 @@ def serve(
     queue = queue or old_queue
     setup_logging()
     use_broker(broker)
-    # lazy: FastAPI and the engine (seconds, and the optional 'server' extra)
+    # lazy: FastAPI and the engine (seconds, and the optional 'server' extra); the model registry
+    # loads huggingface_hub, which `tokenmill --help` does not need
+    from engine.model_registry import DEFAULT_MODEL
     from service.app import serve as run_server
     from service.settings import ServiceSettings, SettingsError, load_keys
 
