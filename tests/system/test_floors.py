@@ -6,10 +6,12 @@ Every import statement counts, wherever it sits: at module level, inside a funct
 import hides an arrow, it does not remove it) and under ``if TYPE_CHECKING:``. An import names
 one module: ``from a.b import c`` is an arrow to ``a.b.c`` where that module exists, else to
 ``a.b``. Python also runs the packages ``a`` and ``a.b`` first; those implied arrows are not
-drawn, since every package ``__init__`` here but connectors/' re-exports lazily and imports
-nothing when it runs. An ``__init__``'s own imports are drawn, its ``TYPE_CHECKING`` block
-included, so a module inside engine/ that wrote ``from engine import SamplingParams`` would
-close a circle through ``engine/__init__.py`` and be caught (it is what
+drawn: a package that re-exports its own modules (``connectors/__init__.py``,
+``engine/attention/__init__.py``) would otherwise be in a circle with every module of it, which
+is the package's order of loading, not a design loop; engine/, pipeline/ and jobs/ re-export
+lazily and import nothing when they run. An ``__init__``'s own imports are arrows, its
+``TYPE_CHECKING`` block included, so a module inside engine/ that wrote ``from engine import
+SamplingParams`` would close a circle through ``engine/__init__.py`` and be caught (what
 ``test_a_package_import_inside_the_package_is_a_circle`` checks). Imports by a computed name
 (``importlib.import_module``) are not seen.
 
