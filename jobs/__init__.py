@@ -1,4 +1,4 @@
-"""Job specs, job kinds, the ``tokenmill`` CLI and the Python submission API.
+"""Job specs, job kinds and the Python submission API (the ``tokenmill`` command is ``cli/``).
 
     from jobs import JobSpec, run, submit, status, wait
 
