@@ -12,13 +12,13 @@ from typing import Any
 from engine.beam_requests import BeamRequests
 from engine.block_manager import BlockManager
 from engine.chat import chat_token_ids
-from engine.model_runner import InFlightStep
 from engine.pooling_params import PoolingParams
 from engine.request_feed import Request, RequestFeed
 from engine.request_intake import RequestError, RequestIntake, sampling_params
 from engine.request_state import RequestState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.step_runs import StepRuns
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class RequestControl:
     block_manager: BlockManager
     beams: BeamRequests
     _host_bound: set[str]
-    _in_flight: InFlightStep | None
+    runs: StepRuns
     feed_failure: Exception | None
 
     def encode(self, text: str) -> list[int]:
@@ -137,14 +137,14 @@ class RequestControl:
     def _drop_in_flight_if_aborted(self) -> None:
         """Forget a launched step whose every sequence was aborted, once the device is done with
         it, so the next caller does not wait on it (or meet the error that ended the last one)."""
-        step = self._in_flight
+        step = self.runs.in_flight
         if step is None or any(not seq.is_finished for seq in step.sample_seqs):
             return
-        self._in_flight = None
+        self.runs.take_in_flight()
         try:
             step.wait()  # its writes land before its blocks serve anyone else
         except Exception as exc:  # the device may be what failed; whoever aborted has its own error
             log.warning("dropped the step in flight after its requests were aborted: %s", exc)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or self._in_flight is not None
+        return self.scheduler.has_unfinished() or self.runs.in_flight is not None

@@ -28,7 +28,7 @@ REPORT_WAIT_S = 10.0  # how long a failed collective waits for the failing rank'
 class TensorParallelError(RuntimeError):
     """A rank failed: the group is broken and the engine must be rebuilt (not one request's fault)."""
 
-    fatal = True  # engine.step_faults re-raises it instead of failing requests one by one
+    fatal = True  # StepFaults re-raises it instead of failing requests one by one
 
 
 class RankPool:
