@@ -101,7 +101,7 @@ class LLMEngine(RequestControl):
         overlapped = config.async_scheduling if config.async_scheduling is not None else device != "cpu"
         self.runs = StepRuns(self.runner, self.scheduler, self.block_manager, self.stats_tracker, overlapped,
                              self._host_bound, self.beams, self.update.fail)
-        self.feed_failure: Exception | None = None  # what stopped feed_requests' feed, for its caller
+        self.source_failure: Exception | None = None  # what stopped add_requests' source, for its caller
 
     # ---- the step: schedule -> run -> update -----------------------------------------
     def step(self) -> list[RequestOutput]:

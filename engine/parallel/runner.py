@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.model_runner import ModelRunner
-from engine.parallel.messages import Kind, StepMessage
+from engine.parallel.messages import Op, StepMessage
 from engine.step_inputs import StepInputs
 
 if TYPE_CHECKING:
@@ -34,5 +34,5 @@ class TensorParallelRunner(ModelRunner):
         if not pairs or parallel is None:
             return super().copy_blocks(pairs)
         with parallel.guard():
-            parallel.send(StepMessage(Kind.COPY, pairs=pairs))
+            parallel.send(StepMessage(Op.COPY, pairs=pairs))
             super().copy_blocks(pairs)
