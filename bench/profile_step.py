@@ -92,7 +92,7 @@ def instrument(llm: LLM) -> tuple[dict[str, float], list[tuple[int, int, float]]
     runner, model, backend = engine.runner, engine.runner.model, engine.runner.backend
     runner.prepare = timed("build step tensors", runner.prepare)
     engine.scheduler.schedule = timed("schedule", engine.scheduler.schedule)
-    engine._sample = timed("sample", engine._sample)
+    engine.sampler.sample = timed("sample", engine.sampler.sample)
     model.forward = timed("model forward (all below)", model.forward)
     model.lm_head.forward = timed("  LM head", model.lm_head.forward)
     backend.write_kv = timed("  KV write", backend.write_kv)

@@ -1,4 +1,5 @@
-"""Paged KV-cache bookkeeping: block ids, reference counts, prefix hashes, LRU reuse.
+"""Paged KV-cache bookkeeping: block ids, reference counts, LRU reuse (the prefix hashes are
+``prefix_cache.py``'s).
 
 Plain Python over ids, hashes and counts, so it is testable without torch. The
 tensors that hold the keys and values live in ``kv_cache.py``; a block id here is an
@@ -7,32 +8,15 @@ index into them.
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
 
+from engine.prefix_cache import RELEASED, PrefixCache, hash_block
 from engine.sequence import Sequence
 
+__all__ = ["ALLOCATION_POLICIES", "RELEASED", "BlockManager", "hash_block"]
+
 ALLOCATION_POLICIES = ("paged", "contiguous")
-RELEASED = -1  # a block-table entry given back because it fell out of the sliding window
-
-
-def hash_block(parent: bytes | None, token_ids: Seq[int]) -> bytes:
-    """Chain hash of one full block: the parent's hash and this block's tokens.
-
-    A 128-bit BLAKE2b digest makes a collision between two different prefixes
-    practically impossible, so a hit needs no token-by-token recheck.
-    """
-    return _chain(parent or _ROOT, array("q", token_ids).tobytes())
-
-
-_ROOT = b"\0" * 16  # the parent of a sequence's first block
-
-
-def _chain(parent: bytes, block: bytes) -> bytes:
-    """The digest of a block given its parent's: BLAKE2b-128 of the parent hash and the block's int64 ids."""
-    return hashlib.blake2b(parent + block, digest_size=16).digest()
 
 
 class BlockManager:
@@ -64,12 +48,10 @@ class BlockManager:
             raise ValueError(f"kv_allocation must be one of {ALLOCATION_POLICIES}, got {allocation!r}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.enable_prefix_caching = enable_prefix_caching
         self.allocation = allocation
         self.window = window if allocation == "paged" else None  # a contiguous reservation is kept whole
         self.ref_counts = [0] * num_blocks
-        self.block_hashes: list[bytes | None] = [None] * num_blocks
-        self.hash_to_block: dict[bytes, int] = {}
+        self.prefix = PrefixCache(num_blocks, block_size, enable_prefix_caching)
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
 
     # ---- queries -------------------------------------------------------------------
@@ -90,73 +72,28 @@ class BlockManager:
             return max(self.blocks_for_tokens(seq.max_total_tokens), self.blocks_for_tokens(num_tokens))
         return self.blocks_for_tokens(num_tokens)
 
-    # ---- prefix cache --------------------------------------------------------------
-    def _ensure_hashes(self, seq: Sequence, num_full_blocks: int) -> None:
-        """``hash_block`` of each full block not hashed yet; the tokens become bytes in one go."""
-        hashes = seq.block_hashes
-        first = len(hashes)
-        if first >= num_full_blocks:
-            return
-        bs = self.block_size
-        data = array("q", seq.token_ids[first * bs : num_full_blocks * bs]).tobytes()
-        width = bs * 8  # int64 ids
-        parent = hashes[-1] if hashes else _ROOT
-        for start in range(0, len(data), width):
-            parent = _chain(parent, data[start : start + width])
-            hashes.append(parent)
+    # ---- prefix cache (engine/prefix_cache.py) ----------------------------------------
+    @property
+    def enable_prefix_caching(self) -> bool:
+        return self.prefix.enabled
+
+    @enable_prefix_caching.setter
+    def enable_prefix_caching(self, enabled: bool) -> None:
+        """Switched between runs too (bench/bench_engine.py)."""
+        self.prefix.enabled = enabled
+
+    @property
+    def block_hashes(self) -> list[bytes | None]:
+        """Each block's published hash (None: serves no prefix)."""
+        return self.prefix.block_hashes
+
+    @property
+    def hash_to_block(self) -> dict[bytes, int]:
+        return self.prefix.hash_to_block
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
-        """Block ids holding the longest cached prefix of ``seq``.
-
-        At most ``seq.max_cached_tokens`` tokens can hit: the last token is always recomputed
-        because its logits are needed to sample the next one, and so are prompt positions
-        whose logprobs the request asks for.
-        """
-        if not self.enable_prefix_caching:
-            return []
-        max_blocks = max(0, seq.max_cached_tokens) // self.block_size
-        self._ensure_hashes(seq, max_blocks)
-        hits: list[int] = []
-        for h in seq.block_hashes[:max_blocks]:
-            block = self.hash_to_block.get(h)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
-
-    def _register(self, seq: Sequence, num_tokens: int) -> None:
-        """Publish in the prefix cache the sequence's blocks that ``num_tokens`` scheduled tokens
-        fill: a block of prompt tokens as soon as it is full, any other once a token past it is
-        scheduled.
-
-        Called when the tokens are scheduled, before the forward pass: a request admitted
-        later in the same step may map these blocks, which is safe because every layer
-        writes all of a step's keys and values before any attention reads them. A prompt's
-        blocks are all published at admission (a prompt that ends on a block boundary too, and
-        one that asks for a single token: it finishes before any later call). A block that
-        decodes fill waits for the token past it, so the call that gives a decoding sequence
-        its next block publishes the one before: one call per block, not two. Only blocks
-        past ``seq.num_registered_blocks`` are looked at; a block holding a token not sampled
-        yet (async scheduling) waits for a later call.
-        """
-        if not self.enable_prefix_caching:
-            return
-        scheduled = max(min(num_tokens, len(seq.prompt_token_ids)), num_tokens - 1)
-        num_full = min(scheduled, len(seq.token_ids) - seq.num_pending_tokens) // self.block_size
-        first = seq.num_registered_blocks
-        if num_full <= first:
-            return
-        self._ensure_hashes(seq, num_full)
-        for i in range(max(first, seq.released_blocks), num_full):
-            block = seq.block_table[i]
-            if block == RELEASED or self.block_hashes[block] is not None:
-                continue
-            h = seq.block_hashes[i]
-            if h in self.hash_to_block:
-                continue  # an identical block already serves this prefix
-            self.block_hashes[block] = h
-            self.hash_to_block[h] = block
-        seq.num_registered_blocks = num_full
+        """Block ids holding the longest cached prefix of ``seq`` (``PrefixCache.find``)."""
+        return self.prefix.find(seq)
 
     def publish_computed(self, seq: Sequence) -> None:
         """Publish every full block of the sequence's computed tokens: it is ending (stopped, or
@@ -164,7 +101,7 @@ class BlockManager:
         would otherwise go unpublished. Only for a sequence whose steps succeeded: a failed
         step's blocks hold keys that were never written (``forget_sequences``)."""
         if seq.block_table:
-            self._register(seq, seq.num_computed_tokens + 1)
+            self.prefix.publish(seq, seq.num_computed_tokens + 1)
 
     def forget_sequences(self, seqs: Seq[Sequence]) -> None:
         """Forget the blocks of sequences whose step failed; they publish them again once recomputed."""
@@ -175,22 +112,15 @@ class BlockManager:
 
     def forget_blocks(self, block_ids: Seq[int]) -> None:
         """Drop the prefix-cache entries of blocks whose contents can no longer be trusted."""
-        for block in block_ids:
-            if block == RELEASED:
-                continue
-            h = self.block_hashes[block]
-            if h is not None:
-                self.block_hashes[block] = None
-                if self.hash_to_block.get(h) == block:
-                    del self.hash_to_block[h]
+        self.prefix.forget(block_ids)
 
     # ---- allocation ----------------------------------------------------------------
     def _pop_free_block(self) -> int:
         """Take the block at the front of the free queue, forgetting any prefix it still served
         (a decoding sequence takes one per block: no lists on that path)."""
         block = self.free_queue.popitem(last=False)[0]
-        if self.block_hashes[block] is not None:
-            self.forget_blocks((block,))
+        if self.prefix.block_hashes[block] is not None:
+            self.prefix.forget((block,))
         self.ref_counts[block] = 1
         return block
 
@@ -236,14 +166,14 @@ class BlockManager:
                 table.append(self._pop_free_block())
             else:
                 table.extend(self._pop_free_blocks(need))
-        self._register(seq, total)
+        self.prefix.publish(seq, total)
         self._release_out_of_window(seq)
         self._set_slots_ready(seq)
         return True
 
     def _set_slots_ready(self, seq: Sequence) -> None:
         """``seq.slots_ready_until``: the most tokens it can hold with no block to add and none
-        to publish (``_register``'s rule for block ``num_registered_blocks``: filled, if it holds
+        to publish (``PrefixCache.publish``'s rule for block ``num_registered_blocks``: filled, if it holds
         prompt tokens only, else passed; paged, passing a block is needing the next); with a
         sliding window every step may give blocks back, so 0."""
         if self.window is not None:
@@ -276,7 +206,7 @@ class BlockManager:
         self.ref_counts[block] -= 1
         if self.ref_counts[block] == 0:
             self.free_queue[block] = None
-            if self.block_hashes[block] is None:
+            if self.prefix.block_hashes[block] is None:
                 self.free_queue.move_to_end(block, last=False)
 
     def fork(self, parent: Sequence, child: Sequence) -> tuple[int, int] | None:
@@ -321,9 +251,8 @@ class BlockManager:
         seq.slots_ready_until = 0
 
     def reset_prefix_cache(self) -> None:
-        """Forget every published block (``forget_blocks`` of all, without the walk)."""
-        self.block_hashes = [None] * self.num_blocks
-        self.hash_to_block.clear()
+        """Forget every published block."""
+        self.prefix.reset()
 
     def unfilled_slots(self, seq: Sequence) -> int:
         """Token slots the sequence holds that carry no token yet (tail block, reservations)."""

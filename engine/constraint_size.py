@@ -59,12 +59,12 @@ def _walk(node: Any, where: str, product: int, depth: int) -> None:
             _walk(value, where, product, depth + 1)
 
 
-def check_expansion(kind: str, text: str) -> None:
-    """A ValueError naming the bound a constraint (``kind``, its key text) goes over."""
-    where = f"structured_output.{kind}"
-    if kind == "json":
+def check_expansion(form: str, text: str) -> None:
+    """A ValueError naming the bound a constraint (``form``, its key text) goes over."""
+    where = f"structured_output.{form}"
+    if form == "json":
         _walk(json.loads(text), where, 1, 0)
-    elif kind in ("regex", "grammar"):
+    elif form in ("regex", "grammar"):
         product = _regex_factor(text, where)
         if product > MAX_EXPANSION:
             raise ValueError(f"{where}: its repetition bounds multiply to {product}, over {MAX_EXPANSION}")

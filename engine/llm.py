@@ -83,10 +83,10 @@ class LLM:
         # them, and an overlapped engine adds the rest while the device runs.
         engine = self.engine
         try:
-            engine.feed_requests(zip(ids, prompts, params_list, strict=True), refused)
+            engine.add_requests(zip(ids, prompts, params_list, strict=True), refused)
             while True:
-                if engine.feed_failure is not None:
-                    raise engine.feed_failure
+                if engine.source_failure is not None:
+                    raise engine.source_failure
                 if not engine.has_unfinished():
                     break
                 for out in engine.step():

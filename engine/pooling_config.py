@@ -34,10 +34,10 @@ def model_pooling(model_dir: Path) -> ModelPooling:
         modules = json.loads(modules_file.read_text())
         pooling, normalize = "last", False
         for module in modules:
-            kind = str(module.get("type", ""))
-            if kind.endswith(".Normalize"):
+            module_type = str(module.get("type", ""))
+            if module_type.endswith(".Normalize"):
                 normalize = True
-            elif kind.endswith(".Pooling"):
+            elif module_type.endswith(".Pooling"):
                 flags = json.loads((model_dir / module.get("path", "") / "config.json").read_text())
                 pooling = next((mode for key, mode in _MODES if flags.get(key)), None)
                 if pooling is None:

@@ -12,13 +12,13 @@ from typing import Any
 from engine.beam_requests import BeamRequests
 from engine.block_manager import BlockManager
 from engine.chat import chat_token_ids
-from engine.model_runner import InFlightStep
 from engine.pooling_params import PoolingParams
-from engine.request_feed import Request, RequestFeed
 from engine.request_intake import RequestError, RequestIntake, sampling_params
+from engine.request_source import Request, RequestSource
 from engine.request_state import RequestState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.step_runs import StepRuns
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,8 @@ class RequestControl:
     block_manager: BlockManager
     beams: BeamRequests
     _host_bound: set[str]
-    _in_flight: InFlightStep | None
-    feed_failure: Exception | None
+    runs: StepRuns
+    source_failure: Exception | None
 
     def encode(self, text: str) -> list[int]:
         """A text prompt's ids as HF and vLLM tokenize one: with the tokenizer's special tokens
@@ -73,7 +73,7 @@ class RequestControl:
             self.beams.add(state)
         self.scheduler.add(state.seqs[0])
 
-    def feed_requests(
+    def add_requests(
         self, requests: Iterable[Request], refused: Callable[[str, str | list[int], RequestError], None]
     ) -> None:
         """Queue ``(request_id, prompt, params)`` requests as the scheduler's admission reaches
@@ -81,27 +81,27 @@ class RequestControl:
         overlapped engine the others are added while the device runs (``add_request`` checks,
         and tokenizes a text prompt). Admission, ids and outputs are those of adding them all
         first. A request ``add_request`` refuses goes to ``refused``; another exception stops the
-        feed and is kept in ``feed_failure`` for the caller (``engine/request_feed.py``). The
+        source and is kept in ``source_failure`` for the caller (``engine/request_source.py``). The
         static policy sizes a cohort from the whole queue, so there all are added now."""
-        self.feed_failure = None
-        feed = RequestFeed(list(requests), self.add_request, refused, self._end_feed)
-        if not feed.requests:
+        self.source_failure = None
+        source = RequestSource(list(requests), self.add_request, refused, self._end_source)
+        if not source.requests:
             return
         if self.scheduler.policy == "static":
-            while feed():
+            while source():
                 pass
         else:
-            self.scheduler.feed = feed
+            self.scheduler.source = source
 
-    def _end_feed(self, failure: Exception | None) -> None:
-        """A ``RequestFeed`` ran out of requests, or broke with ``failure``."""
-        self.stop_feed()
+    def _end_source(self, failure: Exception | None) -> None:
+        """A ``RequestSource`` ran out of requests, or broke with ``failure``."""
+        self.stop_source()
         if failure is not None:
-            self.feed_failure = failure
+            self.source_failure = failure
 
-    def stop_feed(self) -> None:
-        """Queue no more of ``feed_requests``' requests (those queued already stay)."""
-        self.scheduler.feed = None
+    def stop_source(self) -> None:
+        """Queue no more of ``add_requests``' requests (those queued already stay)."""
+        self.scheduler.source = None
 
     def abort_request(self, request_id: str) -> None:
         state = self.requests.pop(request_id, None)
@@ -113,10 +113,10 @@ class RequestControl:
                     self.scheduler.abort(seq)
 
     def fail_requests(self, request_ids: Iterable[str]) -> None:
-        """A caller failed midway: queue no more of its feed and drop its requests, forgetting the
+        """A caller failed midway: queue no more of its source and drop its requests, forgetting the
         prefix blocks they published (an exception inside a schedule leaves blocks published
         for tokens no step computed)."""
-        self.stop_feed()
+        self.stop_source()
         for request_id in request_ids:
             state = self.requests.get(request_id)
             if state is not None:
@@ -127,7 +127,7 @@ class RequestControl:
     def abort_all(self) -> list[str]:
         """Abort every request the engine holds (finished or not), and those not fed to it yet;
         returns the ids of the ones it held."""
-        self.stop_feed()
+        self.stop_source()
         ids = list(self.requests)
         for request_id in ids:
             self.abort_request(request_id)
@@ -137,14 +137,14 @@ class RequestControl:
     def _drop_in_flight_if_aborted(self) -> None:
         """Forget a launched step whose every sequence was aborted, once the device is done with
         it, so the next caller does not wait on it (or meet the error that ended the last one)."""
-        step = self._in_flight
+        step = self.runs.in_flight
         if step is None or any(not seq.is_finished for seq in step.sample_seqs):
             return
-        self._in_flight = None
+        self.runs.take_in_flight()
         try:
             step.wait()  # its writes land before its blocks serve anyone else
         except Exception as exc:  # the device may be what failed; whoever aborted has its own error
             log.warning("dropped the step in flight after its requests were aborted: %s", exc)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or self._in_flight is not None
+        return self.scheduler.has_unfinished() or self.runs.in_flight is not None

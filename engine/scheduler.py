@@ -47,10 +47,10 @@ class Scheduler:
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
         self._cohort_slots = 0  # static policy: admissions left in the current cohort
-        # Requests not queued yet (LLMEngine.feed_requests): admission that finds ``waiting`` empty
+        # Requests not queued yet (LLMEngine.add_requests): admission that finds ``waiting`` empty
         # calls it, and it queues the next one (True) or has none left (False). Queueing each
         # request as admission reaches it admits exactly what queueing them all first would.
-        self.feed: Callable[[], bool] | None = None
+        self.source: Callable[[], bool] | None = None
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -58,7 +58,7 @@ class Scheduler:
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running) or self.feed is not None
+        return bool(self.waiting or self.running) or self.source is not None
 
     def schedule(self) -> ScheduledBatch:
         self.step_count += 1
@@ -150,7 +150,7 @@ class Scheduler:
         if self.policy == "static" and not self.running and self._cohort_slots == 0:
             self._cohort_slots = min(self.max_num_seqs, len(self.waiting))
         while budget > 0 and len(self.running) < self.max_num_seqs and (
-                self.waiting or (self.feed is not None and self.feed())):
+                self.waiting or (self.source is not None and self.source())):
             if self.policy == "static" and self._cohort_slots == 0:
                 break
             seq = self.waiting[0]

@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.constraint_size import check_expansion
 
-KINDS = ("json", "regex", "choice", "grammar", "json_object")
+FORMS = ("json", "regex", "choice", "grammar", "json_object")
 MAX_CONSTRAINT_CHARS = 100_000  # a schema, regex, grammar or the choices, as text
 COMPILE_TIMEOUT_S = 5.0  # a constraint that takes longer is its request's error, not a stalled engine
 MAX_ABANDONED = 2  # timed-out compiles still running; while there are this many, new ones are refused
@@ -40,11 +40,11 @@ class StructuredOutput:
         self.validate()
 
     @property
-    def kind(self) -> str:
-        return next(k for k in KINDS if getattr(self, k) not in (None, False))
+    def form(self) -> str:
+        return next(k for k in FORMS if getattr(self, k) not in (None, False))
 
     def validate(self) -> None:
-        given = [k for k in KINDS if getattr(self, k) not in (None, False)]
+        given = [k for k in FORMS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
             raise ValueError(
                 f"structured_output needs exactly one of json, regex, choice, grammar, json_object; got "
@@ -69,28 +69,28 @@ class StructuredOutput:
             raise ValueError(f"structured_output.choice must be a non-empty list of non-empty strings, got {self.choice!r}")
         if not isinstance(self.json_object, bool):
             raise ValueError(f"structured_output.json_object must be a bool, got {self.json_object!r}")
-        kind, text = self.key()
+        form, text = self.key()
         if len(text) > MAX_CONSTRAINT_CHARS:
-            raise ValueError(f"structured_output.{kind} is {len(text)} characters; the limit is {MAX_CONSTRAINT_CHARS}")
-        check_expansion(kind, text)  # a small text can still unroll into a grammar that compiles for minutes
+            raise ValueError(f"structured_output.{form} is {len(text)} characters; the limit is {MAX_CONSTRAINT_CHARS}")
+        check_expansion(form, text)  # a small text can still unroll into a grammar that compiles for minutes
 
     def key(self) -> tuple[str, str]:
         """A hashable identity of the constraint: equal keys compile to the same grammar."""
-        kind = self.kind
-        value = getattr(self, kind)
-        if kind == "json":
+        form = self.form
+        value = getattr(self, form)
+        if form == "json":
             text = json.dumps(json.loads(value) if isinstance(value, str) else value)  # order matters
-        elif kind == "choice":
+        elif form == "choice":
             text = json.dumps(value)
         else:
             text = str(value)
-        return kind, text
+        return form, text
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StructuredOutput:
         if not isinstance(data, dict):
             raise ValueError(f"structured_output must be a dict or StructuredOutput, got {data!r}")
-        unknown = sorted(set(data) - set(KINDS))
+        unknown = sorted(set(data) - set(FORMS))
         if unknown:
             raise ValueError(f"unknown structured_output field(s): {', '.join(unknown)}")
         return cls(**data)
@@ -110,15 +110,15 @@ def _wait_for_abandoned(limit_s: float = 60.0) -> None:
 
 def _compile(compiler: Any, key: tuple[str, str], so: StructuredOutput, box: dict[str, Any]) -> None:
     """On a helper thread: the compiled grammar, or the error, into ``box``."""
-    kind, text = key
+    form, text = key
     try:
-        if kind == "json":
+        if form == "json":
             box["grammar"] = compiler.compile_json_schema(text, any_whitespace=False)
-        elif kind == "json_object":  # an object, as OpenAI's json_object promises (the builtin grammar allows any value)
+        elif form == "json_object":  # an object, as OpenAI's json_object promises (the builtin grammar allows any value)
             box["grammar"] = compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
-        elif kind == "regex":
+        elif form == "regex":
             box["grammar"] = compiler.compile_regex(text)
-        elif kind == "choice":
+        elif form == "choice":
             box["grammar"] = compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in so.choice or []))
         else:
             box["grammar"] = compiler.compile_grammar(text)
@@ -173,11 +173,11 @@ class StructuredOutputBackend:
             self._compiled.move_to_end(key)
             return grammar
         compiler = self._get_compiler()
-        kind, _ = key
+        form, _ = key
         self._abandoned = [t for t in self._abandoned if t.is_alive()]
         _running.intersection_update(t for t in _running if t.is_alive())
         if len(self._abandoned) >= MAX_ABANDONED:
-            raise ValueError(f"structured_output.{kind} not compiled: {len(self._abandoned)} earlier constraints "
+            raise ValueError(f"structured_output.{form} not compiled: {len(self._abandoned)} earlier constraints "
                              "that took too long are still compiling")
         box: dict[str, Any] = {}
         thread = threading.Thread(target=_compile, args=(compiler, key, so, box), daemon=True,
@@ -187,14 +187,14 @@ class StructuredOutputBackend:
         if thread.is_alive():
             self._abandoned.append(thread)  # it cannot be stopped; it finishes unseen
             _running.add(thread)
-            raise ValueError(f"structured_output.{kind} took longer than {self.compile_timeout_s:g} s to compile; "
+            raise ValueError(f"structured_output.{form} took longer than {self.compile_timeout_s:g} s to compile; "
                              "simplify the constraint")
         try:
             if "error" in box:
                 raise box["error"]
             grammar = box["grammar"]
         except (RuntimeError, ValueError, TypeError) as e:
-            raise ValueError(f"structured_output.{kind} cannot be compiled: {_clean_error(e)}") from None
+            raise ValueError(f"structured_output.{form} cannot be compiled: {_clean_error(e)}") from None
         self._compiled[key] = grammar
         while len(self._compiled) > self.max_cached:
             self._compiled.popitem(last=False)  # matchers built from it keep their own reference

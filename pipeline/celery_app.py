@@ -136,7 +136,7 @@ def _preload_engine(**_: object) -> None:
 
 @worker_ready.connect
 def _preload_engine_for_threads(sender: object = None, **_: object) -> None:
-    """The threads pool sends no ``worker_process_init``: build the engine on the engine-service
+    """The threads pool sends no ``worker_process_init``: build the engine on the engine
     thread before the worker logs "ready" (shard tasks that arrive meanwhile wait for it)."""
     from celery.concurrency.thread import TaskPool as ThreadsPool
 

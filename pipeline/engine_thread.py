@@ -4,13 +4,13 @@ A Celery task runs one shard start to finish, so a worker that runs the engine i
 the task drains the batch at every shard boundary: the last long requests of a shard
 decode alone until the next task arrives. Here the shard tasks (Celery's ``threads``
 pool, several at once) only queue their shard and wait for its result, while this
-service's single thread keeps one ``ShardDriver`` running over a live feed of those
+engine thread keeps one ``ShardDriver`` running over a live feed of those
 shards: the next shard's rows are admitted while the previous one's tail still decodes.
 
 Only shards of the same plan share a run (one plan = one prompt, sampling and output
 schema). When a shard of another plan is waiting, the current run takes no new shards,
 finishes the ones it has, and the next run starts with the waiting plan: no job starves.
-All engine calls happen on the service thread (one CUDA context, no torch cross-thread use).
+All engine calls happen on the engine thread (one CUDA context, no torch cross-thread use).
 
 Shutdown (``drain``, on SIGTERM): no new shards are taken, shards queued but not yet open
 are handed back at once, open shards may finish within the grace period, and whatever is
@@ -66,16 +66,16 @@ def plan_key(plan: JobPlan) -> str:
 
 
 class _PlanFeed:
-    """The service's queued shards of one plan, as a ``ShardFeed`` for one driver run."""
+    """The engine thread's queued shards of one plan, as a ``ShardFeed`` for one driver run."""
 
-    def __init__(self, service: EngineThread, key: str) -> None:
-        self.service, self.key = service, key
+    def __init__(self, thread: EngineThread, key: str) -> None:
+        self.thread, self.key = thread, key
         self._taken: dict[int, _ShardTask] = {}  # the shards this run holds open, by index
         self.closed = False  # set once another plan's shard waits: this run takes no more
         self.handing_back = False  # the grace period ran out: open shards are given back
 
     def next_shard(self, wait: bool) -> ShardRef | None:
-        task = self.service.take_task(self, wait)
+        task = self.thread.take_task(self, wait)
         if task is None:
             return None
         self._taken[task.shard.index] = task
@@ -114,7 +114,7 @@ class _PlanFeed:
         """The job's cancel flag, asked through any of its shard tasks that can (a task started
         while the state store was unreachable has no check of its own); or the grace period of a
         shutdown has run out."""
-        if self.service.hand_back_due():
+        if self.thread.hand_back_due():
             self.handing_back = True
             return True
         checks = [t.should_stop for t in self._taken.values() if t.should_stop is not None]
@@ -209,7 +209,7 @@ class EngineThread:
         return future.result()
 
     def preload(self, settings: dict[str, Any]) -> None:
-        """Build and warm the engine on the service thread (where it will run) and wait for it."""
+        """Build and warm the engine on the engine thread (where it will run) and wait for it."""
         future: Future = Future()
         with self._cond:
             self._calls.append((lambda: get_engine(settings), future))
@@ -261,7 +261,7 @@ class EngineThread:
                 else:
                     task.future.set_result(outcome)
         except BaseException as exc:  # a bug, an engine that cannot be built, a hook calling sys.exit:
-            # fail these shards and keep serving; a dead service thread would leave every task waiting
+            # fail these shards and keep serving; a dead engine thread would leave every task waiting
             log.exception("engine thread run failed")
             reason = f"cannot process: {type(exc).__name__}: {exc}"
             with self._cond:
@@ -280,13 +280,13 @@ class EngineThread:
 
 
 _engine_thread: EngineThread | None = None
-_service_lock = threading.Lock()
+_engine_thread_lock = threading.Lock()
 
 
 def engine_thread() -> EngineThread:
-    """This process's service (one engine, one thread)."""
+    """This process's engine thread (one engine, one thread)."""
     global _engine_thread
-    with _service_lock:
+    with _engine_thread_lock:
         if _engine_thread is None:
             _engine_thread = EngineThread()
         return _engine_thread

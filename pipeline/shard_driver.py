@@ -13,41 +13,33 @@ Rows in == rows out: a bad input row, a prompt the engine refuses, a template er
 a failing row step or an engine fault each become an output row with ``error`` set.
 A shard that cannot be read at all is reported ``failed`` and writes no part.
 
-This module only drives (feed, admission, steps, faults, cancelling): rows become
-requests in ``pipeline.row_preparation``, a row that need not be computed (an unchanged
-row of the previous part, or one identical to a row of this run) takes its result through
-``pipeline.row_sharing``, requests are tracked in ``pipeline.in_flight``, finished rows
-take their shape in ``pipeline.result_rows`` and reach the part through
-``pipeline.part_sink``; progress and outcomes go out through ``pipeline.shard_reports``.
-The engine is anything with the members of ``pipeline.shard_engine.ShardEngine``.
+This module only drives: admit rows, step the engine, hand its outputs to the kind and the
+rows to the shard's sink. A row's way through the engine (prepared, tracked, shared, shaped) is
+``pipeline.row_flow.RowFlow``; it reaches the part through ``pipeline.part_sink``. What the
+caller hands in besides engine and plan is ``pipeline.shard_hooks.ShardHooks``. The engine is
+anything with the members of ``pipeline.shard_engine.ShardEngine``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 import traceback
-import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 
 from connectors import ShardRef
-from pipeline.in_flight import InFlightRequests
-from pipeline.output_schema import output_schema
+from engine import RequestOutput
 from pipeline.part_sink import SPOOL_ROWS
 from pipeline.plan import JobPlan
 from pipeline.prompts import validate_prompt
-from pipeline.result_rows import ResultRows
-from pipeline.row_preparation import PreparedRow, RowPreparation
-from pipeline.row_requests import RequestBuilder
-from pipeline.row_sharing import RowSharing
+from pipeline.row_flow import RowFlow
+from pipeline.row_preparation import PreparedRow
 from pipeline.shard_engine import ShardEngine
 from pipeline.shard_feed import ListFeed, ShardFeed
+from pipeline.shard_hooks import ShardHooks
 from pipeline.shard_opening import OpenShard, ShardEnd, open_shard
 from pipeline.shard_outcome import ShardOutcome, ShardState
-from pipeline.shard_reports import ProgressCallback, ShardReports
-from pipeline.stop_poll import StopPoll
+from pipeline.shard_reports import ProgressCallback
 
 log = logging.getLogger(__name__)
 
@@ -86,34 +78,27 @@ class ShardDriver:
     ) -> None:
         validate_prompt(plan.prompt)
         self.plan, self.cross_shard = plan, cross_shard
-        self.engine_factory, self.hand_back, self.on_step = engine_factory, hand_back, on_step
         self.max_queued = max_queued or 2 * engine.config.max_num_seqs
         self.max_held, self.read_batch = self.max_queued + HELD_ROWS, max(1, min(256, self.max_queued))
-        self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
-        self.reports = ShardReports(on_progress, self.worker)
-        self.schema = output_schema(plan)
-        self.in_flight = InFlightRequests(engine, uuid.uuid4().hex[:8])
-        self._use_engine(engine)
-        self.results = ResultRows(plan, self.schema)
-        self.sharing = RowSharing(plan, self.in_flight, self.results, self._complete)
-        self.stop_poll = StopPoll(should_stop)  # should_stop may ask Redis: not at every step
+        self.hooks = ShardHooks.build(on_progress=on_progress, should_stop=should_stop, worker=worker,
+                                      hand_back=hand_back, engine_factory=engine_factory, on_step=on_step)
+        self.rows = RowFlow.build(plan, engine, self._complete)
+        self.in_flight, self.stop_poll = self.rows.in_flight, self.hooks.stop_poll  # (never replaced)
+
+    @property
+    def engine(self) -> ShardEngine:
+        return self.rows.engine
 
     @property
     def on_progress(self) -> ProgressCallback | None:
-        return self.reports.on_progress
+        return self.hooks.reports.on_progress
 
     @on_progress.setter
     def on_progress(self, callback: ProgressCallback | None) -> None:
         """Set after construction too (the embedded runner's progress bar)."""
-        self.reports.on_progress = callback
+        self.hooks.reports.on_progress = callback
 
-    def _use_engine(self, engine: ShardEngine) -> None:
-        self.engine = engine
-        self.in_flight.use_engine(engine)
-        self.request_builder = RequestBuilder(self.plan, engine)
-        self.preparation = RowPreparation(self.plan, engine, self.request_builder)
-
-    # ---- the loop -----------------------------------------------------------------------
+    # ---- the loop: admit, step, hand outputs to the kind and rows to the sink -------------
     def run(self, shards: Iterable[ShardRef] | ShardFeed) -> Iterator[ShardOutcome]:
         """Run ``shards`` in order, overlapping each shard's tail with the next's head.
 
@@ -129,27 +114,7 @@ class ShardDriver:
                 if self.stop_poll():
                     yield from self._cancel_all(opened, feed)
                     return
-                while len(self.in_flight) < self.max_queued:
-                    reader = opened[-1] if opened and not opened[-1].exhausted else None
-                    if reader is None:
-                        yield from self._finish_ready(opened)
-                        if not more or len(opened) >= MAX_OPEN_SHARDS or (opened and not self.cross_shard):
-                            break
-                        ref = feed.next_shard(wait=not self.in_flight and not opened)
-                        if ref is None:
-                            more = not feed.closed
-                            break
-                        started = time.perf_counter()
-                        shard = open_shard(self.plan, ref, self.schema, self.read_batch)
-                        if isinstance(shard, ShardEnd):
-                            yield self.reports.outcome(self.engine, ref, shard.state, started, shard.counts,
-                                                       shard.reason, shard.transient, part_commit=shard.part_commit)
-                        else:
-                            opened.append(shard)
-                            self.reports.notify(shard.progress)
-                        continue
-                    if not self._admit_next(reader):
-                        break  # the reader holds its limit of rows: step until its oldest finishes
+                more = yield from self._admit(opened, feed, more)
                 yield from self._finish_ready(opened)
                 if not opened and not more:
                     return
@@ -162,20 +127,51 @@ class ShardDriver:
             for shard in opened:
                 shard.sink.discard()
 
+    def _admit(self, opened: list[OpenShard], feed: ShardFeed, more: bool) -> Generator[ShardOutcome, None, bool]:
+        """Fill the engine up to ``max_queued`` requests with rows of the shard being read,
+        opening the next shard when its reader runs dry (and yielding the outcomes of shards
+        that end meanwhile). Returns whether the feed may still have shards."""
+        while len(self.in_flight) < self.max_queued:
+            reader = opened[-1] if opened and not opened[-1].exhausted else None
+            if reader is None:
+                yield from self._finish_ready(opened)
+                if not more or len(opened) >= MAX_OPEN_SHARDS or (opened and not self.cross_shard):
+                    break
+                ref = feed.next_shard(wait=not self.in_flight and not opened)
+                if ref is None:
+                    more = not feed.closed
+                    break
+                yield from self._open(ref, opened)
+                continue
+            if not self._admit_next(reader):
+                break  # the reader holds its limit of rows: step until its oldest finishes
+        return more
+
+    def _open(self, ref: ShardRef, opened: list[OpenShard]) -> Iterator[ShardOutcome]:
+        """Open a shard's reader and part, or yield its outcome if it ends here (current, unreadable)."""
+        started = time.perf_counter()
+        shard = open_shard(self.plan, ref, self.rows.schema, self.read_batch)
+        if isinstance(shard, ShardEnd):
+            yield self.hooks.reports.outcome(self.engine, ref, shard.state, started, shard.counts, shard.reason,
+                                             shard.transient, part_commit=shard.part_commit)
+        else:
+            opened.append(shard)
+            self.hooks.reports.notify(shard.progress)
+
     def _finish_ready(self, opened: list[OpenShard]) -> Iterator[ShardOutcome]:
         """Commit every open shard that is fully read and has nothing left in the engine."""
         for shard in [s for s in opened if s.exhausted and not s.in_flight]:
             opened.remove(shard)
             shard.sink.commit()
             if shard.sink.failed is not None:
-                yield self.reports.outcome(self.engine, shard.ref, ShardState.FAILED, shard.started, None,
+                yield self.hooks.reports.outcome(self.engine, shard.ref, ShardState.FAILED, shard.started, None,
                                            shard.sink.failed, shard.sink.transient)
             else:
-                yield self.reports.outcome(self.engine, shard.ref, ShardState.DONE, shard.started, shard.sink.counts,
+                yield self.hooks.reports.outcome(self.engine, shard.ref, ShardState.DONE, shard.started, shard.sink.counts,
                                            shard=shard)
 
     def _cancel_all(self, opened: list[OpenShard], feed: ShardFeed) -> Iterator[ShardOutcome]:
-        handing_back = self.hand_back is not None and self.hand_back()
+        handing_back = self.hooks.handing_back()
         for shard in opened:
             reason = "job cancelled"
             if handing_back:
@@ -184,9 +180,9 @@ class ShardDriver:
                 reason = f"handed back, its first {saved} rows checkpointed" if shard.sink.checkpoint else "handed back"
                 log.warning("shard %d: %s", shard.ref.index, reason)
             self._fail_shard(shard, "cancelled", transient=False)
-            yield self.reports.outcome(self.engine, shard.ref, ShardState.CANCELLED, shard.started, reason=reason)
+            yield self.hooks.reports.outcome(self.engine, shard.ref, ShardState.CANCELLED, shard.started, reason=reason)
         while (ref := feed.next_shard(wait=False)) is not None:
-            yield self.reports.outcome(self.engine, ref, ShardState.CANCELLED, time.perf_counter(),
+            yield self.hooks.reports.outcome(self.engine, ref, ShardState.CANCELLED, time.perf_counter(),
                                        reason="job cancelled")
 
     # ---- admission ----------------------------------------------------------------------
@@ -202,17 +198,17 @@ class ShardDriver:
             shard.sink.spool()  # nothing in the engine: every held row is finished, in order
             if self._closed_by_sink(shard):
                 return True
-        failure = shard.read_next(self.preparation)
+        failure = shard.read_next(self.rows.preparation)
         if failure is not None:
             self._fail_shard(shard, *failure)
         return True
 
     def _admit_row(self, shard: OpenShard, row: PreparedRow) -> None:
         """Into the engine, unless the row takes an earlier result or is an error row."""
-        requests = self.preparation.requests(row)
-        error = requests.error if requests.error is not None else self.sharing.admit(shard, row, requests.subs)
+        requests = self.rows.preparation.requests(row)
+        error = requests.error if requests.error is not None else self.rows.sharing.admit(shard, row, requests.subs)
         if error is not None:
-            self._complete(shard, row, self.results.build(row.record, error=error,
+            self._complete(shard, row, self.rows.results.build(row.record, error=error,
                                                           prompt_tokens=requests.prompt_tokens, content_key=row.key))
 
     def _fail_shard(self, shard: OpenShard, reason: str, transient: bool) -> None:
@@ -228,9 +224,17 @@ class ShardDriver:
 
     # ---- stepping -----------------------------------------------------------------------
     def _step(self) -> None:
+        """Step the engine, hand its outputs to the kind and the rows to the sink."""
+        outputs = self._step_engine()
+        if outputs is not None:
+            self._hand_out(outputs)
+
+    def _step_engine(self) -> list[RequestOutput] | None:
+        """One engine step; None after a fault that was no single request's (the shards with rows
+        in the engine failed, the engine rebuilt)."""
         if not self.engine.has_unfinished():  # cannot happen unless the engine lost requests
             self._fail_in_flight("the engine dropped the request")
-            return
+            return None
         started = time.perf_counter()
         reason = None
         try:
@@ -248,45 +252,38 @@ class ShardDriver:
                 self._fail_shard(shard, reason, transient=True)
             self._fail_in_flight(reason)
             self._replace_engine()
-            return
-        if self.on_step is not None:
-            self.on_step(self.engine, time.perf_counter() - started)
+            return None
+        if self.hooks.on_step is not None:
+            self.hooks.on_step(self.engine, time.perf_counter() - started)
+        return outputs
+
+    def _hand_out(self, outputs: list[RequestOutput]) -> None:
+        """Each finished row's outputs to the kind (its values), then its result row to the sink."""
         touched: dict[int, OpenShard] = {}
         for out in outputs:
             inf = self.in_flight.finished(out)
             if inf is None:
                 continue
-            record = inf.row.record
-            try:
-                values = self.request_builder.row_values(inf.group)
-            except Exception as exc:  # scoring a finished row must cost the row only
-                log.exception("cannot build the result of row %d", record.row_number)
-                values = {"error": f"row {record.row_number}: {type(exc).__name__}: {exc}"}
-            now = time.perf_counter()
-            row = self.results.build(record, **values, latency_s=now - inf.admitted_at, content_key=inf.row.key)
+            values, row, now = self.rows.result_row(inf)
             self._complete(inf.shard, inf.row, row, notify=False)
-            for shard in (inf.shard, *self.sharing.fan_out(inf, values, now)):  # identical rows take it too
+            for shard in (inf.shard, *self.rows.sharing.fan_out(inf, values, now)):  # identical rows take it too
                 touched[shard.ref.index] = shard
         for shard in touched.values():
-            self.reports.notify(shard.progress)
+            self.hooks.reports.notify(shard.progress)
 
     def _replace_engine(self) -> None:
         """A fresh engine from ``engine_factory``; without one, this engine emptied of requests."""
-        if self.engine_factory is None:
+        if self.hooks.engine_factory is None:
             self.in_flight.abort_everything()
             return
         # Let go of the old engine first: the factory may free it (and its KV pool) before
         # building the new one, and must not see it still held here.
-        self.engine = self.request_builder = self.preparation = None  # type: ignore[assignment]
-        self.in_flight.use_engine(None)  # type: ignore[arg-type]
-        self._use_engine(self.engine_factory())
+        self.rows.use_engine(None)
+        self.rows.use_engine(self.hooks.engine_factory())
 
     def _fail_in_flight(self, message: str) -> None:
         """Every row in the engine becomes an error row; the engine is left empty."""
-        for inf in self.in_flight.drop_all():
-            record = inf.row.record
-            row = self.results.build(record, error=f"row {record.row_number}: {message}",
-                                     latency_s=time.perf_counter() - inf.admitted_at)
+        for inf, row in self.rows.drop_all_as_errors(message):
             self._complete(inf.shard, inf.row, row)
 
     # ---- rows and outcomes --------------------------------------------------------------
@@ -294,7 +291,7 @@ class ShardDriver:
         """Run the kind's row step, then hand the row to the shard's part."""
         if shard.sink.failed is not None:  # its part is abandoned (e.g. a spool write failed)
             return
-        openai_line = self.results.finish(prepared.record, row)
+        openai_line = self.rows.results.finish(prepared.record, row)
         shard.sink.add(prepared.position, row, openai_line)
         if not self._closed_by_sink(shard) and notify:
-            self.reports.notify(shard.progress)
+            self.hooks.reports.notify(shard.progress)

@@ -1,4 +1,4 @@
-"""Gemma 3 text: sliding-window layers interleaved with global ones (each kind with its own
+"""Gemma 3 text: sliding-window layers interleaved with global ones (each type with its own
 rotary base), per-head q/k norms, norms before and after both sublayers, all scaling by
 ``1 + weight``; a tanh-GELU gated MLP; embeddings scaled by sqrt(hidden size); tied LM head."""
 

@@ -13,7 +13,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.model_loader import load_config
-from engine.parallel.messages import Build, Kind, StepMessage
+from engine.parallel.messages import Build, Op, StepMessage
 from engine.parallel.pool import RankPool, TensorParallelError
 from engine.parallel.rank import build_rank_runner, tune_rank_threads
 from engine.parallel.runner import TensorParallelRunner
@@ -41,7 +41,7 @@ class TensorParallel:
         if device == "cpu":
             tune_rank_threads(config.num_threads, n)  # after the engine's own tuning for one process
         try:
-            self.pool.send(StepMessage(Kind.BUILD, build=Build(config, model_dir, max_model_len)))
+            self.pool.send(StepMessage(Op.BUILD, build=Build(config, model_dir, max_model_len)))
             self.runner = build_rank_runner(config, model_dir, max_model_len, self.pool.group, TensorParallelRunner)
         except Exception as exc:
             self.failure = self.pool.error_from(exc)

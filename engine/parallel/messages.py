@@ -14,7 +14,7 @@ from engine.config import EngineConfig
 from engine.step_inputs import StepInputs
 
 
-class Kind(Enum):
+class Op(Enum):
     BUILD = "build"  # load this model's shard and build a runner (a new engine)
     STEP = "step"  # run the model on these inputs
     COPY = "copy"  # copy these KV blocks (forked samples)
@@ -31,7 +31,7 @@ class Build:
 
 @dataclass
 class StepMessage:
-    kind: Kind
+    op: Op
     build: Build | None = None
     input_ids: torch.Tensor | None = None
     positions: torch.Tensor | None = None
@@ -42,7 +42,7 @@ class StepMessage:
     @classmethod
     def step(cls, inputs: StepInputs) -> StepMessage:
         """The model's inputs on the host (the block tables, slots and ids every rank shares)."""
-        return cls(Kind.STEP, input_ids=inputs.input_ids.cpu(), positions=inputs.positions.cpu(),
+        return cls(Op.STEP, input_ids=inputs.input_ids.cpu(), positions=inputs.positions.cpu(),
                    meta=_meta_to(inputs.meta, "cpu"), logits_indices=inputs.logits_indices.cpu())
 
     def model_args(self, device: torch.device) -> tuple:

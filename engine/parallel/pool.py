@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 
 from engine.config import EngineConfig
 from engine.parallel.group import ParallelGroup, free_port, init_group, leave_group, timeout
-from engine.parallel.messages import Kind, StepMessage
+from engine.parallel.messages import Op, StepMessage
 from engine.parallel.worker import worker_main
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ REPORT_WAIT_S = 10.0  # how long a failed collective waits for the failing rank'
 class TensorParallelError(RuntimeError):
     """A rank failed: the group is broken and the engine must be rebuilt (not one request's fault)."""
 
-    fatal = True  # engine.step_faults re-raises it instead of failing requests one by one
+    fatal = True  # StepFaults re-raises it instead of failing requests one by one
 
 
 class RankPool:
@@ -89,8 +89,8 @@ class RankPool:
             for conn, proc in list(pending.items()):
                 rank = self.conns.index(conn) + 1
                 if conn in ready:
-                    kind, text = conn.recv()
-                    if kind != "joining":
+                    what, text = conn.recv()
+                    if what != "joining":
                         raise TensorParallelError(f"tensor-parallel rank {rank} failed: {text}")
                     del pending[conn]
                 elif proc.sentinel in ready:
@@ -112,8 +112,8 @@ class RankPool:
             report = None
             with contextlib.suppress(EOFError, OSError):
                 while conn.poll():
-                    kind, text = conn.recv()
-                    if kind == "error":
+                    what, text = conn.recv()
+                    if what == "error":
                         report = text
             if report is not None:
                 return TensorParallelError(f"tensor-parallel rank {rank} failed: {report}")
@@ -125,7 +125,7 @@ class RankPool:
         """An engine is done with the pool: keep it for the next engine, or stop it."""
         if keep and healthy and self.alive():
             with contextlib.suppress(Exception):
-                self.send(StepMessage(Kind.RELEASE))
+                self.send(StepMessage(Op.RELEASE))
                 RankPool._kept = self
                 return
         self.stop(healthy)
@@ -134,7 +134,7 @@ class RankPool:
         """A STOP message where the group still works, then reap the processes (kill the stuck)."""
         if healthy and self.alive():
             with contextlib.suppress(Exception):
-                self.send(StepMessage(Kind.STOP))
+                self.send(StepMessage(Op.STOP))
         for proc in self.processes:
             proc.join(timeout=30 if healthy else 0)
             if proc.is_alive():

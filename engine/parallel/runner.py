@@ -8,7 +8,7 @@ from typing import Protocol
 import torch
 
 from engine.model_runner import ModelRunner
-from engine.parallel.messages import Kind, StepMessage
+from engine.parallel.messages import Op, StepMessage
 from engine.step_inputs import StepInputs
 
 
@@ -40,5 +40,5 @@ class TensorParallelRunner(ModelRunner):
         if not pairs or parallel is None:
             return super().copy_blocks(pairs)
         with parallel.guard():
-            parallel.send(StepMessage(Kind.COPY, pairs=pairs))
+            parallel.send(StepMessage(Op.COPY, pairs=pairs))
             super().copy_blocks(pairs)

@@ -11,7 +11,7 @@ from multiprocessing.connection import Connection
 import torch
 
 from engine.parallel.group import init_group, leave_group
-from engine.parallel.messages import Kind
+from engine.parallel.messages import Op
 from engine.parallel.rank import build_rank_runner, tune_rank_threads
 
 
@@ -26,20 +26,20 @@ def worker_main(rank: int, size: int, port: int, device: str, num_threads: int |
         runner = None
         while True:
             message = group.broadcast_message()
-            if message.kind is Kind.STOP:
+            if message.op is Op.STOP:
                 break
-            if message.kind is Kind.STEP:
+            if message.op is Op.STEP:
                 with torch.inference_mode():  # as rank 0's runner (weights built outside it)
                     runner.model(*message.model_args(runner.device))
-            elif message.kind is Kind.COPY:
+            elif message.op is Op.COPY:
                 runner.copy_blocks(message.pairs)
-            elif message.kind is Kind.BUILD:
+            elif message.op is Op.BUILD:
                 runner = None
                 b = message.build
                 if device == "cpu":
                     tune_rank_threads(b.config.num_threads, size)
                 runner = build_rank_runner(b.config, b.model_dir, b.max_model_len, group)
-            elif message.kind is Kind.RELEASE:
+            elif message.op is Op.RELEASE:
                 runner = None
                 gc.collect()
         leave_group()

@@ -47,4 +47,4 @@ def test_an_exploding_constraint_is_refused_before_it_compiles(constraint, messa
     {"grammar": 'root ::= "yes" | "no"'},
 ])
 def test_ordinary_constraints_pass(constraint):
-    assert StructuredOutput(**constraint).kind in constraint
+    assert StructuredOutput(**constraint).form in constraint

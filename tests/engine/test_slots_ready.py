@@ -61,7 +61,7 @@ def _drive(manager: type[BlockManager], seed: int, window: int | None, allocatio
         batch = sched.schedule()
         _check_accounts(batch)
         samplers = [it.seq for it in batch.items if it.samples]
-        if overlap:  # as LLMEngine._step_overlapped: apply step t after scheduling t + 1
+        if overlap:  # as StepRuns.run overlapped: apply step t after scheduling t + 1
             sched.update({s: _token(s) for s in in_flight if s.status is not SequenceStatus.FINISHED})
             for s in samplers:
                 if s.status is not SequenceStatus.FINISHED:

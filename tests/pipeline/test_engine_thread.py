@@ -33,10 +33,10 @@ def test_next_shard_is_admitted_while_the_previous_one_decodes(tmp_path: Path, t
     ids = write_uniform_shards(local_put(inp), count=3, rows=5)
     plan = make_plan(str(inp), str(out), tiny_model_dir, job_id=f"svc-{cross_shard}",
                      sampling={"max_tokens": 8, "temperature": 0.0, "ignore_eos": True})
-    service = EngineThread(cross_shard=cross_shard)
+    thread = EngineThread(cross_shard=cross_shard)
     log: list[tuple[int, str]] = []
-    futures = [service.submit(plan, shard, on_progress=_events(log)) for shard in list_shards(plan.input_url)]
-    service.start()  # all three tasks are waiting, as under a worker's thread pool
+    futures = [thread.submit(plan, shard, on_progress=_events(log)) for shard in list_shards(plan.input_url)]
+    thread.start()  # all three tasks are waiting, as under a worker's thread pool
     results = [f.result(timeout=300) for f in futures]
 
     assert [(r.state, r.counts.rows) for r in results] == [("done", 5)] * 3
@@ -57,14 +57,14 @@ def test_plans_take_turns_and_a_broken_plan_fails_only_its_shards(tmp_path: Path
     broken = make_plan(str(tmp_path / "a" / "in"), str(tmp_path / "broken-out"), tiny_model_dir,
                        job_id="svc-broken", engine_settings={"model": str(tmp_path / "no-such-model")})
 
-    service = EngineThread()
+    thread = EngineThread()
     (plan_a, shards_a, ids_a), (plan_b, shards_b, ids_b) = runs["a"], runs["b"]
     order = [(plan_a, shards_a[0]), (plan_b, shards_b[0]), (broken, shards_a[0]), (plan_a, shards_a[1]),
              (plan_b, shards_b[1])]
     broken_events: list[tuple[int, str]] = []
-    futures = [service.submit(plan, shard, on_progress=_events(broken_events) if plan is broken else None)
+    futures = [thread.submit(plan, shard, on_progress=_events(broken_events) if plan is broken else None)
                for plan, shard in order]
-    service.start()
+    thread.start()
     results = [f.result(timeout=300) for f in futures]
 
     assert [r.state for r in results] == ["done", "done", "failed", "done", "done"]
@@ -79,19 +79,19 @@ def test_a_duplicate_delivery_waits_for_the_first_copy_and_is_skipped(tmp_path: 
     ids = write_uniform_shards(local_put(inp), count=1, rows=4)
     plan = make_plan(str(inp), str(out), tiny_model_dir, job_id="svc-dup")
     (shard,) = list_shards(plan.input_url)
-    service = EngineThread()
-    futures = [service.submit(plan, shard), service.submit(plan, shard)]
-    service.start()
+    thread = EngineThread()
+    futures = [thread.submit(plan, shard), thread.submit(plan, shard)]
+    thread.start()
     first, second = (f.result(timeout=300) for f in futures)
     assert (first.state, second.state) == ("done", "skipped")
     assert second.counts.rows == first.counts.rows == 4
     assert sorted(read_parts(plan.output_url).column("id").to_pylist()) == sorted(ids)
 
 
-def test_a_run_that_dies_fails_its_shards_and_the_service_keeps_serving(
+def test_a_run_that_dies_fails_its_shards_and_the_engine_thread_keeps_serving(
     tmp_path: Path, tiny_model_dir, monkeypatch
 ) -> None:
-    """Even a BaseException (a hook calling sys.exit) must not kill the service thread: every
+    """Even a BaseException (a hook calling sys.exit) must not kill the engine thread: every
     shard task of the worker would wait forever."""
     inp, out = tmp_path / "in", tmp_path / "out"
     write_uniform_shards(local_put(inp), count=2, rows=3)
@@ -107,11 +107,11 @@ def test_a_run_that_dies_fails_its_shards_and_the_service_keeps_serving(
         real_step(self)
 
     monkeypatch.setattr(ShardDriver, "_step", step_once_exits)
-    service = EngineThread()
-    failed = service.submit(plan, first)
-    service.start()
+    thread = EngineThread()
+    failed = thread.submit(plan, first)
+    thread.start()
     assert failed.result(timeout=300).reason == "cannot process: SystemExit: hook called exit"
-    later = service.submit(plan, second)
+    later = thread.submit(plan, second)
     assert later.result(timeout=300).state == "done"
 
 

@@ -1,7 +1,7 @@
 """The worker's engine thread under faults and shutdown.
 
 - An engine that dies: the shards it held fail with the reason (transiently, so the fleet
-  retries them), the engine is rebuilt, and the service keeps serving.
+  retries them), the engine is rebuilt, and the engine thread keeps serving.
 - ``drain`` (SIGTERM): nothing new is taken, held shards may finish within the grace
   period, and what is left then is handed back (``ShardHandedBack``), never reported or
   committed.
@@ -42,9 +42,9 @@ def test_engine_death_fails_its_shards_rebuilds_and_keeps_serving(tmp_path: Path
         return real_step(self)
 
     monkeypatch.setattr(LLMEngine, "step", dying_step)
-    service = EngineThread()
-    failed = service.submit(plan, first, worker="w")
-    service.start()
+    thread = EngineThread()
+    failed = thread.submit(plan, first, worker="w")
+    thread.start()
     result = failed.result(timeout=300)
     assert (result.state, result.reason, result.transient) == (
         "failed", "engine failed: RuntimeError: scheduler state corrupt", True)
@@ -55,7 +55,7 @@ def test_engine_death_fails_its_shards_rebuilds_and_keeps_serving(tmp_path: Path
     # the broken engine was replaced, not reused, and let go before its successor was frozen
     # out of the collector's reach: nothing of it is left, cycle or not
     assert dead() is None and dead_runner() is None and rebuilt.runner is not None
-    later = [service.submit(plan, shard) for shard in (first, second)]  # the retry, and a new shard
+    later = [thread.submit(plan, shard) for shard in (first, second)]  # the retry, and a new shard
     assert [f.result(timeout=300).state for f in later] == ["done", "done"]
     out_ids = read_parts(plan.output_url).column("id").to_pylist()
     assert sorted(out_ids) == sorted(ids) and len(out_ids) == len(set(out_ids))
@@ -91,16 +91,16 @@ def test_drain_hands_back_open_shards_when_the_grace_period_is_over(tmp_path: Pa
     # finished within that second on an AMD EPYC (Zen 5) and the shard was reported done.
     plan, shards, _ = _long_plan(tmp_path, tiny_model_dir, "drain0", rows=2000)
     events, mid_shard = _recorder(lambda events: any(e.counts.rows > 0 for e in events))
-    service = EngineThread()
-    futures = [service.submit(plan, shard, on_progress=events.append) for shard in shards[:2]]
-    service.start()
+    thread = EngineThread()
+    futures = [thread.submit(plan, shard, on_progress=events.append) for shard in shards[:2]]
+    thread.start()
     assert mid_shard.wait(120)
-    service.drain(0.0)
+    thread.drain(0.0)
     for future in futures:
         with pytest.raises(ShardHandedBack, match="worker shutting down"):
             future.result(timeout=120)
     with pytest.raises(ShardHandedBack, match="not started"):  # nothing new is taken
-        service.submit(plan, shards[2]).result(timeout=5)
+        thread.submit(plan, shards[2]).result(timeout=5)
     assert not list(Path(plan.output_url).glob("part-*"))  # nothing committed
     # (the second shard was still queued behind the first, unread: handed back as "not started")
     assert not [e for e in events if e.state not in ("running",)]  # never reported cancelled or done
@@ -109,14 +109,14 @@ def test_drain_hands_back_open_shards_when_the_grace_period_is_over(tmp_path: Pa
 def test_drain_lets_held_shards_finish_within_the_grace_period(tmp_path: Path, tiny_model_dir) -> None:
     plan, shards, ids = _long_plan(tmp_path, tiny_model_dir, "drain-grace", rows=6)
     events, opened = _recorder(lambda events: {e.index for e in events} == {0, 1})  # both open
-    service = EngineThread()
-    futures = [service.submit(plan, shard, on_progress=events.append) for shard in shards[:2]]
-    service.start()
+    thread = EngineThread()
+    futures = [thread.submit(plan, shard, on_progress=events.append) for shard in shards[:2]]
+    thread.start()
     assert opened.wait(120)
-    service.drain(600.0)
+    thread.drain(600.0)
     assert [f.result(timeout=300).state for f in futures] == ["done", "done"]
     with pytest.raises(ShardHandedBack):
-        service.submit(plan, shards[2]).result(timeout=5)
+        thread.submit(plan, shards[2]).result(timeout=5)
     assert sorted(read_parts(plan.output_url).column("id").to_pylist()) == sorted(ids[:12])
 
 
@@ -136,11 +136,11 @@ def test_grace_period_option_reaches_the_shutdown_handler(monkeypatch) -> None:
 
     drained: list[float] = []
 
-    class _Service:
+    class _FakeEngineThread:
         def drain(self, grace_s: float) -> None:
             drained.append(grace_s)
 
-    monkeypatch.setattr(engine_thread, "engine_thread", _Service)
+    monkeypatch.setattr(engine_thread, "engine_thread", _FakeEngineThread)
     celery_app._drain_on_shutdown(sig="SIGTERM", how="Warm")
     celery_app._drain_on_shutdown(sig="SIGQUIT", how="Cold")
     assert drained == [7.0, 0.0]

@@ -1,5 +1,5 @@
 """``LLM.generate`` queues each request as the scheduler's admission reaches it
-(``LLMEngine.feed_requests``): every step admits and computes exactly what it did when all
+(``LLMEngine.add_requests``): every step admits and computes exactly what it did when all
 requests were queued before the first step, so outputs, errors and preemptions are the same."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _recorded(llm: LLM) -> list[list[tuple[str, int, int]]]:
 
 
 def _all_queued_first(llm: LLM, prompts, params) -> list:
-    """The generate loop before the feed: every request added, then the steps."""
+    """The generate loop before the source: every request added, then the steps."""
     engine, results = llm.engine, {}
     ids = [str(i) for i in range(len(prompts))]
     for rid, prompt, p in zip(ids, prompts, params, strict=True):
@@ -163,7 +163,7 @@ def test_a_failed_async_call_leaves_no_step_for_the_next_one(tiny_model_dir, cap
 
 
 def test_an_ended_feed_keeps_none_of_the_callers_prompts(tiny_model_dir) -> None:
-    """The engine keeps its last feed (for ``feed_failure``), not what that feed was given."""
+    """The engine keeps its last source (for ``source_failure``), not what that source was given."""
 
     class Prompt(list):  # a list that can be weakly referenced
         pass
@@ -191,7 +191,7 @@ def test_the_feed_ends_with_its_last_request(tiny_model_dir, max_num_seqs) -> No
         counts.append((len(steps), llm.engine.scheduler.step_count))
     assert counts[1] == counts[0]
     llm.generate([], params)
-    assert llm.engine.scheduler.step_count == counts[1][1]  # nothing to feed: no step
+    assert llm.engine.scheduler.step_count == counts[1][1]  # nothing to add: no step
 
 
 def test_a_failed_call_leaves_the_prefix_cache_sound(tiny_model_dir) -> None:

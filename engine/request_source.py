@@ -11,15 +11,15 @@ from engine.sampling_params import SamplingParams
 Request = tuple[str, str | list[int], SamplingParams | dict[str, Any] | None]  # (id, prompt, params)
 
 
-class RequestFeed:
-    """The scheduler's ``feed`` for one ``LLMEngine.feed_requests`` call: each call queues the next
+class RequestSource:
+    """The scheduler's ``source`` for one ``LLMEngine.add_requests`` call: each call queues the next
     request ``add`` accepts and says whether it queued one.
 
     A request ``add`` refuses (``RequestError``) goes to ``refused`` and the next one is tried.
     Any other exception, from ``add`` or ``refused``, must not escape a schedule: it ends the
-    feed and goes to ``end`` for the caller. ``end`` runs as the last request is queued, not one
-    call later, so the engine stops counting the feed as work with that request; the engine
-    keeps only what ``end`` hands it, so an ended feed (the caller's prompts and callbacks) is
+    source and goes to ``end`` for the caller. ``end`` runs as the last request is queued, not one
+    call later, so the engine stops counting the source as work with that request; the engine
+    keeps only what ``end`` hands it, so an ended source (the caller's prompts and callbacks) is
     freed with the scheduler's reference."""
 
     def __init__(
