@@ -133,3 +133,32 @@ def test_jobs_share_the_engine_only_when_their_settings_build_the_same_one(tiny_
     assert same_engine({**settings, "block_size": 16}, settings)  # a default spelled out
     assert not same_engine({**settings, "max_num_seqs": 4}, settings)
     assert not same_engine({**settings, "not_an_engine_setting": 1}, settings)
+
+
+def test_a_job_with_other_engine_settings_gets_a_second_engine_only_then(tmp_path, tiny_model_dir, monkeypatch):
+    """The embedded runner puts a job on the shared engine when its settings build that engine;
+    another model or ``max_num_seqs`` gets the process's cached engine, built for it."""
+    from engine import LLMEngine
+    from pipeline.engine_cache import clear_engine_cache
+    from service.runners import EmbeddedRunner
+
+    clear_engine_cache()
+    built: list[int] = []
+    real_init = LLMEngine.__init__
+
+    def counted(self: LLMEngine, config) -> None:
+        built.append(config.max_num_seqs)
+        real_init(self, config)
+
+    monkeypatch.setattr(LLMEngine, "__init__", counted)
+    share = EngineShare(tiny_engine(tiny_model_dir))
+    runner = EmbeddedRunner(engines=share)
+    plans = [_plan(tmp_path, tiny_model_dir, name) for name in ("other", "same")]
+    plans[0].engine_settings = tiny_engine(tiny_model_dir, max_num_seqs=4)
+    for plan in plans:
+        runner.submit(plan)
+        wait_until(lambda p=plan: runner.status(p.job_id)["status"] in ("succeeded", "failed"), 300, plan.job_id)
+        assert runner.status(plan.job_id)["status"] == "succeeded"
+    assert built == [4, 8]  # the other settings' engine, then the shared one for the job that matches
+    assert share.builds == 1 and not share.views  # the job's side of it left when the job ended
+    clear_engine_cache()
