@@ -165,7 +165,9 @@ class EngineShare:
         except Exception as exc:
             failure = exc
         if failure is not None:
+            engine = None  # (this frame is in the traceback raised below)
             self._reset(caller, failure)
+            failure.__traceback__ = None  # logged; its frames would keep the old engine (and its KV) alive
             raise failure
         mine: list[RequestOutput] = []
         woken: dict[int, EngineView] = {}
