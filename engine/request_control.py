@@ -52,20 +52,23 @@ class RequestControl:
 
     def add_request(
         self, request_id: str, prompt: str | list[int],
-        params: SamplingParams | PoolingParams | dict[str, Any] | None = None,
+        params: SamplingParams | PoolingParams | dict[str, Any] | None = None, priority: int = 0,
     ) -> None:
         """Queue a request (``PoolingParams``: an embedding request, whose output carries
-        ``embedding``). Raises ``RequestError`` naming the request if it cannot run."""
+        ``embedding``). Raises ``RequestError`` naming the request if it cannot run. A lower
+        ``priority`` is admitted first and preempted last (``engine/scheduler.py``)."""
         if request_id in self.requests:
             raise RequestError(request_id, "id already in use")
         token_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if isinstance(params, PoolingParams):
             state = self.intake.new_embedding(request_id, token_ids, params)
+            state.priority = state.seqs[0].priority = priority
             self.requests[request_id] = state
             self.scheduler.add(state.seqs[0])
             return
         params = sampling_params(request_id, params)
         state = self.intake.new_request(request_id, token_ids, params)
+        state.priority = state.seqs[0].priority = priority
         self.requests[request_id] = state
         if params.structured_output is not None or params.logprobs is not None or params.n > 1 or params.beam_width:
             self._host_bound.add(request_id)

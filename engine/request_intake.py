@@ -117,7 +117,7 @@ class RequestIntake:
     def new_sequence(self, state: RequestState, index: int) -> Sequence:
         """Sample ``index`` of a request: its own seed (``seed + index``) and grammar state."""
         params = state.params
-        seq = Sequence(state.request_id, state.prompt_token_ids, params, sample_index=index)
+        seq = Sequence(state.request_id, state.prompt_token_ids, params, sample_index=index, priority=state.priority)
         if state.seed is not None:
             # any integer seed (negative, or past 64 bits) names one of the 2**64 streams
             seq.seed = (state.seed + index) % 2**64

@@ -21,6 +21,7 @@ class RequestState:
     error: str | None = None
     embedding: Any = None  # an embedding request's vector (float32 numpy), once pooled
     seed: int | None = None  # sample i draws from seed + i (the request's, or drawn when it came in)
+    priority: int = 0  # its samples' place in the scheduler's queues (Scheduler: lower goes first)
 
     @property
     def finished(self) -> bool:

@@ -5,6 +5,12 @@ tokens it has not computed yet (a whole prompt, a chunk of it, or one decode tok
 running sequences are served first, and what is left of the token budget admits
 waiting ones, chunking the last prompt that does not fit.
 
+A sequence's ``priority`` (vLLM's convention: lower goes first; 0 by default) orders both
+queues: a waiting sequence is admitted before every waiting one of a higher number, and the
+running list keeps lower numbers in front, so they are scheduled first and preempted last
+(``tokenmill serve`` gives its live routes' requests -1, ahead of the jobs sharing the engine).
+With one priority, as everywhere else, the queues are first come, first served.
+
 The scheduler owns the queues and each step's post-processing (``update``: append the
 sampled tokens, stop, finish, free). Plain Python over sequences, ids and counts: no torch.
 """
@@ -20,6 +26,17 @@ from engine.sequence import Sequence, SequenceStatus
 from engine.stopping import StopConditions
 
 SCHEDULING_POLICIES = ("continuous", "static")
+
+
+def _place(queue: deque[Sequence] | list[Sequence], seq: Sequence, front: bool = False) -> None:
+    """Behind the sequences of its priority or a lower number (``front``: ahead of those of its
+    own, for one that had run); with one priority, an append (or an appendleft)."""
+    p = seq.priority
+    if not queue or (queue[0].priority >= p if front else queue[-1].priority <= p):
+        queue.insert(0 if front else len(queue), seq)
+    else:
+        queue.insert(next((i for i, s in enumerate(queue) if s.priority > p or (front and s.priority == p)),
+                          len(queue)), seq)
 
 
 class Scheduler:
@@ -55,7 +72,7 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
         self.stop.attach(seq)
-        self.waiting.append(seq)
+        _place(self.waiting, seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running) or self.source is not None
@@ -168,7 +185,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_step is None:
                 seq.first_scheduled_step = self.step_count
-            self.running.append(seq)
+            _place(self.running, seq)
             chosen.append((seq, num_new))
             budget -= num_new
             if self.policy == "static":
@@ -216,7 +233,7 @@ class Scheduler:
         child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
         child.first_scheduled_step = parent.first_scheduled_step
         child.status = SequenceStatus.RUNNING
-        self.running.append(child)
+        _place(self.running, child)
         return pair
 
     def preempt(self, seq: Sequence) -> None:
@@ -232,7 +249,7 @@ class Scheduler:
         self.num_preemptions += 1
         if self.policy == "static":
             self._cohort_slots += 1
-        self.waiting.appendleft(seq)
+        _place(self.waiting, seq, front=True)
 
     def park(self, seq: Sequence) -> None:
         """Take a sequence out of both queues, its KV freed and its tokens kept: beam search parks
@@ -253,7 +270,7 @@ class Scheduler:
         forked from it)."""
         self.stop.attach(seq)
         seq.status = SequenceStatus.PREEMPTED
-        self.waiting.appendleft(seq)
+        _place(self.waiting, seq, front=True)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         if seq.status is SequenceStatus.RUNNING:

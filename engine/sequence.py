@@ -60,6 +60,7 @@ class Sequence:
     # (EOS unless ignored); None: every token goes through StopConditions.finish_reason
     ending_token_ids: frozenset[int] | None = None
     sample_index: int = 0  # which of the request's n samples
+    priority: int = 0  # the request's place in the scheduler's queues: lower goes first (vLLM's sense)
     pending_forks: int = 0  # samples still to be forked from this one after its prompt is computed
     logprobs: list[Any] | None = None  # per generated token, when the request asks for logprobs
     cumulative_logprob: float = 0.0

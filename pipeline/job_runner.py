@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 from connectors import list_shards
-from engine import LLMEngine
 from pipeline.engine_cache import get_engine, rebuild_engine
 from pipeline.manifest import build_manifest, engine_delta, utc_now
 from pipeline.metrics import step_observer
@@ -26,6 +25,7 @@ from pipeline.plan import JobPlan
 from pipeline.progress import RunProgress
 from pipeline.publish import begin_output, publish
 from pipeline.shard_driver import ShardDriver
+from pipeline.shard_engine import ShardEngine
 from pipeline.shard_outcome import ShardOutcome, ShardState
 from pipeline.stop_signals import StopRequest, interrupted, stoppable_run
 from pipeline.summary import run_report, run_summary
@@ -38,23 +38,26 @@ def run_embedded(
     progress: bool = True,
     *,
     cross_shard: bool = True,
-    engine: LLMEngine | None = None,
+    engine: ShardEngine | None = None,
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[ShardOutcome], None] | None = None,
+    engine_factory: Callable[[], ShardEngine] | None = None,
 ) -> dict[str, Any]:
     """Process every shard of ``plan`` here and return the manifest (also written to the output).
 
-    ``engine`` defaults to the process's cached engine for ``plan.engine_settings``;
+    ``engine`` defaults to the process's cached engine for ``plan.engine_settings`` (the server's
+    embedded runner passes its side of the engine it shares with the live routes, with an
+    ``engine_factory`` for after a failed step; by default the cached engine is rebuilt);
     ``cross_shard=False`` drains the engine between shards (benchmarking only);
     ``on_progress`` also gets every shard's progress (the HTTP service's embedded runner).
     """
     with stoppable_run() as stop:
-        return _run(plan, progress, cross_shard, engine, should_stop, on_progress, stop)
+        return _run(plan, progress, cross_shard, engine, should_stop, on_progress, stop, engine_factory)
 
 
-def _run(plan: JobPlan, progress: bool, cross_shard: bool, engine: LLMEngine | None,
+def _run(plan: JobPlan, progress: bool, cross_shard: bool, engine: ShardEngine | None,
          should_stop: Callable[[], bool] | None, on_progress: Callable[[ShardOutcome], None] | None,
-         stop: StopRequest) -> dict[str, Any]:
+         stop: StopRequest, engine_factory: Callable[[], ShardEngine] | None) -> dict[str, Any]:
     started_at, t0 = utc_now(), time.perf_counter()
     shards = list_shards(
         plan.input_url, format=plan.input_format, storage_options=plan.storage_options,
@@ -67,7 +70,8 @@ def _run(plan: JobPlan, progress: bool, cross_shard: bool, engine: LLMEngine | N
         driver = ShardDriver(
             engine, plan, cross_shard=cross_shard,
             should_stop=lambda: stop.requested or (should_stop is not None and should_stop()),
-            engine_factory=lambda: rebuild_engine(plan.engine_settings), on_step=step_observer(plan),
+            engine_factory=engine_factory or (lambda: rebuild_engine(plan.engine_settings)),
+            on_step=step_observer(plan),
             hand_back=lambda: stop.requested,  # a signal: checkpoint the open shards, as a draining worker does
         )
         driver.stop_poll.interval_s = 0.0  # a flag and an Event: cheap to ask at every step

@@ -13,6 +13,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from connectors.redaction import redact
+from pipeline.engine_share import EngineShare
 from service import metrics
 from service.auth import owner_of
 from service.batches import BatchAdvancer
@@ -33,19 +34,22 @@ log = logging.getLogger(__name__)
 STATIC = files("service") / "static"
 
 
-def make_runner(settings: ServiceSettings) -> Runner:
+def make_runner(settings: ServiceSettings, engines: EngineShare | None = None) -> Runner:
+    """The fleet, or jobs on a thread of this process sharing ``engines`` with the live routes."""
     if settings.broker_url:
         return FleetRunner(settings.broker_url, settings.queue, settings.redis_key_prefix)
-    return EmbeddedRunner()
+    return EmbeddedRunner(engines=engines)
 
 
 def create_app(settings: ServiceSettings, runner: Runner | None = None, *, load_model: bool = False) -> FastAPI:
     """With ``load_model`` the live engine is built and warmed at start-up (``/readyz`` then turns
     200); otherwise on the first completion (the in-process tests' apps)."""
     store = Store(settings.storage_url, settings.storage_options)
-    runner = runner or make_runner(settings)
+    live_settings = engine_settings(settings.model, settings.engine_options)
+    engines = EngineShare(live_settings)  # one model in memory: the live routes' and the embedded jobs'
+    runner = runner or make_runner(settings, engines)
     advancer = BatchAdvancer(store, runner, settings)
-    live = LiveEngine(engine_settings(settings.model, settings.engine_options), settings.model_name)
+    live = LiveEngine(live_settings, settings.model_name, engines=engines)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> Any:

@@ -1,18 +1,18 @@
 """The engine behind the synchronous routes: one thread steps one engine for every HTTP request.
 
-Each live request hands its prompts to this thread, which adds them to the running engine
-between steps (continuous batching across requests) and resolves the request's future when its
-last prompt finishes. The engine is its own, not the jobs' cached one (``pipeline.engine_cache``,
-stepped by the embedded runner's thread). It is built with ``--model`` and ``--engine-options``
-at ``start`` (``tokenmill serve`` calls it) or on the first request, then warmed with one short
-request; ``ready`` says when both are done (``/readyz``).
+Each live request hands its prompts to this thread, which adds them to the running engine between
+steps (continuous batching) and resolves the request's future when its last prompt finishes. The engine is an ``EngineShare``'s (``pipeline/engine_share.py``): in
+``tokenmill serve`` without a broker, the same one the embedded runner's jobs step, with this
+thread's requests first in line (``LIVE_PRIORITY``); each side aborts and hears of only its own
+requests. It is built with ``--model`` and ``--engine-options`` at ``start`` (``tokenmill serve``
+calls it) or on the first request (or a job's), then warmed with one short request; ``ready``
+says when both are done (``/readyz``).
 
-A call may pass a ``listener``: after every step it gets the call's new tokens and finished
-prompts (``Progress``), on the engine thread, which is what the streaming routes read. A call
-cancelled because its client went away is aborted at the next step: its sequences free their
-KV blocks at once (``aborted`` counts them). Prompts reach the engine through the keys' fair
-share (``service/fair_share.py``): one key's prompt at a time, in rotation, while the engine has
-room in its batch.
+A call may pass a ``listener``: after every step it gets the call's new tokens and finished prompts
+(``Progress``), on the engine thread, which is what the streaming routes read. A call cancelled
+because its client went away is aborted at the next step: its sequences free their KV blocks at
+once (``aborted`` counts them). Prompts reach the engine through the keys' fair share
+(``service/fair_share.py``): one key's prompt at a time, in rotation, while the batch has room.
 """
 
 from __future__ import annotations
@@ -22,50 +22,20 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
-from engine import EngineConfig, LLMEngine, RequestError, RequestOutput, SamplingParams
+from engine import EngineConfig, RequestError, SamplingParams
 from engine.host import objects_frozen_during_call
 from engine.model_loader import load_tokenizer
 from engine.model_registry import resolve_model
+from pipeline.engine_share import LIVE_PRIORITY, EngineShare, EngineView
 from service.fair_share import FairShare
+from service.live_calls import Listener, Progress, _Call
 from service.live_metrics import LiveMetrics
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Progress:
-    """A prompt of a call moved on in a step: ``token_ids`` are its sample's new tokens; once the
-    prompt is done, ``output`` is its finished output (and ``token_ids`` is empty)."""
-
-    prompt: int
-    sample: int = 0
-    token_ids: list[int] = field(default_factory=list)
-    output: RequestOutput | None = None
-    logprobs: list[Any] | None = None  # the new tokens' entries, when the request asks for logprobs
-
-
-Listener = Callable[[list[Progress]], None]
-
-
-@dataclass
-class _Call:
-    """One HTTP request's prompts; ``outputs`` fill in as they finish."""
-
-    prompts: list[list[int]]
-    params: list[SamplingParams]
-    future: Future
-    listener: Listener | None = None
-    arrived: float = 0.0
-    ids: list[str] = field(default_factory=list)
-    outputs: dict[str, RequestOutput] = field(default_factory=dict)
-    told: dict[tuple[str, int], int] = field(default_factory=dict)  # (request, sample) -> tokens handed out
-    owner: str = ""  # the key's owner id: its turn in the fair share
 
 
 def engine_settings(model: str, engine_options: dict[str, Any]) -> dict[str, Any]:
@@ -76,8 +46,10 @@ def engine_settings(model: str, engine_options: dict[str, Any]) -> dict[str, Any
 
 class LiveEngine:
     def __init__(self, settings: dict[str, Any], model_name: str | None = None,
-                 share: FairShare | None = None) -> None:
+                 share: FairShare | None = None, engines: EngineShare | None = None) -> None:
         self.settings = settings
+        self.engines = engines or EngineShare(settings)  # shared with the jobs in an embedded server
+        self._view = self.engines.view("live", LIVE_PRIORITY, self._wake)
         self.metrics = LiveMetrics(model_name or str(settings["model"]))
         self.share = share or FairShare()  # the engine is fed from it, one key's prompt at a time
         self.batch = int(settings.get("max_num_seqs") or 64)
@@ -87,7 +59,7 @@ class LiveEngine:
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._tokenizer: Any = None
-        self.engine: LLMEngine | None = None  # set on the engine thread once built (stats for the curious)
+        self.engine: EngineView | None = None  # this thread's side of the engine, once built and warmed
         self.ready = False  # built and warmed
         self.load_error: str | None = None  # why the last build failed
         self.aborted = 0  # engine requests aborted because their client went away
@@ -132,10 +104,15 @@ class LiveEngine:
             self._cancelled.append(_Call([], [], future))
             self._cond.notify_all()
 
-    def _build(self) -> LLMEngine | None:
+    def _wake(self) -> None:
+        """A job's step finished one of this thread's requests."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def _build(self) -> EngineView | None:
         try:
-            engine = LLMEngine(EngineConfig(**self.settings))
-            engine.add_request("warm-up", [min(engine.eos_token_ids, default=0)],
+            engine = self._view
+            engine.add_request("live-warm-up", [min(engine.eos_token_ids, default=0)],
                                SamplingParams(max_tokens=1, ignore_eos=True))
             while engine.has_unfinished():
                 engine.step()
@@ -174,11 +151,16 @@ class LiveEngine:
                         if not self._has_work(engine):
                             break
 
-    def _has_work(self, engine: LLMEngine) -> bool:
+    def _has_work(self, engine: EngineView) -> bool:
         return bool(self._incoming or self._cancelled or self.share.waiting()) or engine.has_unfinished()
 
-    def _turn(self, engine: LLMEngine, in_flight: dict[str, _Call]) -> None:
-        """Take the new and cancelled calls, then run one step."""
+    def _turn(self, engine: EngineView, in_flight: dict[str, _Call]) -> None:
+        """Take the new and cancelled calls, then run one step: all under the engine's turn, so a
+        job's step never moves the engine while this reads its requests' new tokens."""
+        with self.engines.lock:
+            self._turn_locked(engine, in_flight)
+
+    def _turn_locked(self, engine: EngineView, in_flight: dict[str, _Call]) -> None:
         with self._cond:
             new, self._incoming = list(self._incoming), deque()
             gone, self._cancelled = list(self._cancelled), deque()
@@ -233,7 +215,7 @@ class LiveEngine:
                 call.future.set_result([call.outputs[i] for i in call.ids])
 
     @staticmethod
-    def _new_tokens(engine: LLMEngine, request_id: str, call: _Call,
+    def _new_tokens(engine: EngineView, request_id: str, call: _Call,
                     updates: dict[int, tuple[_Call, list[Progress]]]) -> None:
         """The tokens a running request's samples sampled since the call was last told."""
         state = engine.requests.get(request_id)
@@ -255,7 +237,7 @@ class LiveEngine:
         except Exception:  # a listener's fault is its call's, never the engine thread's
             log.exception("a completions listener failed")
 
-    def _add(self, engine: LLMEngine, call: _Call, index: int, in_flight: dict[str, _Call]) -> None:
+    def _add(self, engine: EngineView, call: _Call, index: int, in_flight: dict[str, _Call]) -> None:
         """Prompt ``index`` of ``call`` into the engine (a call's prompts come in order); its
         listener hears ``[]`` once the last one is in."""
         request_id = f"live-{next(self._ids)}"
@@ -271,7 +253,7 @@ class LiveEngine:
         if call.listener is not None and len(call.ids) == len(call.prompts):
             self._tell(call, [])
 
-    def _fail_all(self, engine: LLMEngine, in_flight: dict[str, _Call], error: Exception) -> None:
+    def _fail_all(self, engine: EngineView, in_flight: dict[str, _Call], error: Exception) -> None:
         """Every call in flight fails with ``error``: none waits (or streams) forever."""
         calls = list({id(c): c for c in in_flight.values()}.values())
         for request_id in list(in_flight):
@@ -286,7 +268,7 @@ class LiveEngine:
             if not call.future.done():
                 call.future.set_exception(error)
 
-    def _abort(self, engine: LLMEngine, future: Future, in_flight: dict[str, _Call],
+    def _abort(self, engine: EngineView, future: Future, in_flight: dict[str, _Call],
                error: BaseException | None = None) -> int:
         """Drop a call's requests from the engine; returns how many it still held."""
         dropped = [r for r, c in in_flight.items() if c.future is future]

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from connectors import list_shards
 from pipeline import metrics
+from pipeline.engine_share import EngineShare
 from pipeline.job_runner import run_embedded
 from pipeline.plan import JobPlan
 from pipeline.shard_outcome import ShardOutcome
@@ -63,10 +64,14 @@ class _EmbeddedJob:
 class EmbeddedRunner:
     """Jobs one after another on a thread of this process, through ``run_embedded``. The state of
     the ``keep_finished`` most recently finished jobs is kept; older ones are forgotten (their
-    records keep the final status), so a long-lived server's memory grows with open jobs only."""
+    records keep the final status), so a long-lived server's memory grows with open jobs only.
 
-    def __init__(self, keep_finished: int = 100) -> None:
-        self.keep_finished = keep_finished
+    A job whose engine settings are those of ``engines`` (the live routes' engine, in ``tokenmill
+    serve``) runs on that engine, behind the live requests; one with other settings (another
+    model, another ``max_num_seqs``...) gets the process's cached engine, a second one, as before."""
+
+    def __init__(self, keep_finished: int = 100, engines: EngineShare | None = None) -> None:
+        self.keep_finished, self.engines = keep_finished, engines
         self._jobs: dict[str, _EmbeddedJob] = {}
         self._queue: queue.Queue[str] = queue.Queue()
         self._lock = threading.Lock()
@@ -132,7 +137,14 @@ class EmbeddedRunner:
                 for s in job.shards.values():
                     s.update(state="cancelled", reason="job cancelled")
             return
-        manifest = run_embedded(job.plan, progress=False, should_stop=job.cancel.is_set, on_progress=on_progress)
+        shares = self.engines is not None and self.engines.matches(job.plan.engine_settings)
+        view = self.engines.view(f"job {job.plan.job_id}") if shares else None
+        try:
+            manifest = run_embedded(job.plan, progress=False, should_stop=job.cancel.is_set, on_progress=on_progress,
+                                    engine=view, engine_factory=None if view is None else (lambda: view))
+        finally:
+            if view is not None:
+                self.engines.leave(view)
         with self._lock:
             job.meta.update(status=manifest["status"], finished_at=time.time(),
                             **({"error": manifest["error"]} if manifest.get("error") else {}))

@@ -32,11 +32,13 @@ class LiveServer:
 
 
 @contextmanager
-def live_server(tmp_path: Path, model_dir: Path, key: str, **engine: Any) -> Iterator[LiveServer]:
+def live_server(tmp_path: Path, model_dir: Path, key: str, embedded: bool = False,
+                **engine: Any) -> Iterator[LiveServer]:
+    """``embedded``: the server's own runner runs the jobs (on the live routes' engine), not a recorder."""
     options = {k: v for k, v in tiny_engine(model_dir, **engine).items() if k != "model"}
     settings = ServiceSettings(storage_url=str(tmp_path / "storage"), api_keys=[key], model=str(model_dir),
                                served_model_name=MODEL_NAME, engine_options=options, default_max_tokens=8)
-    app = create_app(settings, RecordingRunner(), load_model=True)
+    app = create_app(settings, None if embedded else RecordingRunner(), load_model=True)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="live-server", daemon=True)
