@@ -38,6 +38,7 @@ from pipeline.output_schema import output_schema
 from pipeline.part_sink import SPOOL_ROWS
 from pipeline.plan import JobPlan
 from pipeline.prompts import validate_prompt
+from pipeline.result_row import RequestResult, ResultRow
 from pipeline.result_rows import ResultRows
 from pipeline.row_preparation import PreparedRow, RowPreparation
 from pipeline.row_requests import RequestBuilder
@@ -212,8 +213,8 @@ class ShardDriver:
         requests = self.preparation.requests(row)
         error = requests.error if requests.error is not None else self.sharing.admit(shard, row, requests.subs)
         if error is not None:
-            self._complete(shard, row, self.results.build(row.record, error=error,
-                                                          prompt_tokens=requests.prompt_tokens, content_key=row.key))
+            result = RequestResult(error=error, prompt_tokens=requests.prompt_tokens)
+            self._complete(shard, row, self.results.build(row.record, result, content_key=row.key))
 
     def _fail_shard(self, shard: OpenShard, reason: str, transient: bool) -> None:
         shard.sink.abandon(reason, transient=transient)
@@ -258,14 +259,14 @@ class ShardDriver:
                 continue
             record = inf.row.record
             try:
-                values = self.request_builder.row_values(inf.group)
+                result = self.request_builder.row_values(inf.group)
             except Exception as exc:  # scoring a finished row must cost the row only
                 log.exception("cannot build the result of row %d", record.row_number)
-                values = {"error": f"row {record.row_number}: {type(exc).__name__}: {exc}"}
+                result = RequestResult(error=f"row {record.row_number}: {type(exc).__name__}: {exc}")
             now = time.perf_counter()
-            row = self.results.build(record, **values, latency_s=now - inf.admitted_at, content_key=inf.row.key)
+            row = self.results.build(record, result, latency_s=now - inf.admitted_at, content_key=inf.row.key)
             self._complete(inf.shard, inf.row, row, notify=False)
-            for shard in (inf.shard, *self.sharing.fan_out(inf, values, now)):  # identical rows take it too
+            for shard in (inf.shard, *self.sharing.fan_out(inf, result, now)):  # identical rows take it too
                 touched[shard.ref.index] = shard
         for shard in touched.values():
             self.reports.notify(shard.progress)
@@ -285,16 +286,15 @@ class ShardDriver:
         """Every row in the engine becomes an error row; the engine is left empty."""
         for inf in self.in_flight.drop_all():
             record = inf.row.record
-            row = self.results.build(record, error=f"row {record.row_number}: {message}",
+            row = self.results.build(record, RequestResult(error=f"row {record.row_number}: {message}"),
                                      latency_s=time.perf_counter() - inf.admitted_at)
             self._complete(inf.shard, inf.row, row)
 
     # ---- rows and outcomes --------------------------------------------------------------
-    def _complete(self, shard: OpenShard, prepared: PreparedRow, row: dict, notify: bool = True) -> None:
+    def _complete(self, shard: OpenShard, prepared: PreparedRow, row: ResultRow, notify: bool = True) -> None:
         """Run the kind's row step, then hand the row to the shard's part."""
         if shard.sink.failed is not None:  # its part is abandoned (e.g. a spool write failed)
             return
-        openai_line = self.results.finish(prepared.record, row)
-        shard.sink.add(prepared.position, row, openai_line)
+        shard.sink.add(prepared.position, self.results.finish(prepared.record, row))
         if not self._closed_by_sink(shard) and notify:
             self.reports.notify(shard.progress)

@@ -225,3 +225,17 @@ def test_part_bytes_are_pinned(case: str, tmp_path: Path, monkeypatch: pytest.Mo
     if pa.__version__ != PINNED_PYARROW:
         pytest.skip(f"the Parquet file digest is pinned under pyarrow {PINNED_PYARROW}, not {pa.__version__}")
     assert part == want[2]
+
+
+def test_a_result_rows_values_are_in_schema_order() -> None:
+    """``ResultRow.values`` lists the fixed columns as the schema does, passthrough fields after
+    ``id``, then the row's other columns; a mode's fixed-column values land in their fields."""
+    from pipeline.output_columns import FIXED_COLUMNS
+    from pipeline.result_row import RequestResult, ResultRow
+
+    result = RequestResult.from_values({"output": "B", "choice_logprobs": [-1.0, -2.0], "prompt_tokens": 7})
+    assert (result.output, result.prompt_tokens, dict(result.columns)) == ("B", 7, {"choice_logprobs": [-1.0, -2.0]})
+    row = ResultRow(id="r", passthrough={"lang": "en"}, output="B", finish_reason="stop", prompt_tokens=7,
+                    output_tokens=0, cached_prompt_tokens=0, error=None, latency_s=0.5, content_key="k",
+                    columns={"score": 1.0})
+    assert list(row.values()) == ["id", "lang", *list(FIXED_COLUMNS)[1:], "score"]
