@@ -205,7 +205,7 @@ class ShardDriver:
                 return True
         failure = shard.read_next(self.preparation)
         if failure is not None:
-            self._fail_shard(shard, *failure)
+            self._fail_shard(shard, failure.reason, failure.transient)
         return True
 
     def _admit_row(self, shard: OpenShard, row: PreparedRow) -> None:
