@@ -36,9 +36,10 @@ class RowRejected(ValueError):
 
 @dataclass(frozen=True)
 class Step(Generic[F]):
-    """One step of a kind (``Step[RowStepFn]``, ...). Its ``name`` goes in the manifest, in a failing step's error and, for
-    the row step, in the part fingerprint: it is the ``module:function`` a plan named before the
-    kinds owned their steps, kept so that parts committed then stay current."""
+    """One step of a kind, typed by its function (``Step[RowStepFn]``, ...). Its ``name`` goes in
+    the manifest, in a failing step's error and, for the row step, in the part fingerprint: it is
+    the ``module:function`` a plan named before the kinds owned their steps, kept so that parts
+    committed then stay current."""
 
     name: str
     run: F
