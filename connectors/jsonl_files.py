@@ -36,7 +36,7 @@ def _unlisted(folder_url: str, name_pattern: str, keep: Iterable[str], storage_o
     """Paths of the files under ``folder_url`` matching ``name_pattern`` whose URL is not in ``keep``."""
     fs, path = filesystem_for(folder_url, storage_options)
     fs.invalidate_cache()
-    keep_paths = {filesystem_for(url, storage_options)[1] for url in keep}
+    keep_paths = {filesystem_for(url, storage_options).path for url in keep}
     found = with_retries(lambda: fs.glob(path.rstrip("/") + "/" + name_pattern), what=f"list {folder_url}")
     return [old for old in found if old not in keep_paths]
 

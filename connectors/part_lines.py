@@ -91,9 +91,9 @@ def merge_part_lines(
     every line kept and the lines it says yes to are counted."""
     fs, _ = filesystem_for(output_url, storage_options)
     fs.invalidate_cache()
-    paths = [filesystem_for(part_lines_url(output_url, p), storage_options)[1] for p in parts]
+    paths = [filesystem_for(part_lines_url(output_url, p), storage_options).path for p in parts]
     target = join_url(output_url, target_name)
-    _, target_path = filesystem_for(target, storage_options)
+    target_path = filesystem_for(target, storage_options).path
     counts = {"lines": 0, "marked": 0}
 
     def write(out: IO[bytes]) -> None:

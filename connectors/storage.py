@@ -14,7 +14,7 @@ import random
 import re
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import fsspec
 from fsspec.core import url_to_fs
@@ -53,7 +53,14 @@ def _protocol(url: str) -> str:
     return url.split("://", 1)[0].lower() if "://" in url else "file"
 
 
-def filesystem_for(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+class Located(NamedTuple):
+    """Where a URL lives: its fsspec filesystem, and its path on it."""
+
+    fs: fsspec.AbstractFileSystem
+    path: str
+
+
+def filesystem_for(url: str, storage_options: dict | None = None) -> Located:
     """fsspec filesystem + path for a URL or plain local path.
 
     `storage_options` go to the filesystem with their ``${env:NAME}`` references resolved
@@ -78,7 +85,7 @@ def filesystem_for(url: str, storage_options: dict | None = None) -> tuple[fsspe
         fs, path = url_to_fs(url, **options)
     except (ImportError, ValueError) as exc:
         raise StorageError(f"cannot open storage for {url}: {exc}", url) from exc
-    return fs, path
+    return Located(fs, path)
 
 
 def join_url(base: str, name: str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -34,6 +35,15 @@ class BeamRequest:
     def metrics(self, step: int) -> RequestMetrics:
         return RequestMetrics(self.first.num_cached_prompt_tokens, self.group.num_preemptions,
                               self.first.first_scheduled_step, step)
+
+
+class BeamStep(NamedTuple):
+    """A step's rows after the beams took theirs: the other rows, their logits, and the
+    requests whose search ended."""
+
+    seqs: list[Sequence]
+    logits: torch.Tensor
+    ended: list[BeamRequest]
 
 
 class BeamRequests:
@@ -64,13 +74,13 @@ class BeamRequests:
     def owns(self, seq: Sequence) -> bool:
         return seq.request_id in self.requests
 
-    def step(self, seqs: list[Sequence], logits: torch.Tensor) -> tuple[list[Sequence], torch.Tensor, list[BeamRequest]]:
+    def step(self, seqs: list[Sequence], logits: torch.Tensor) -> BeamStep:
         """Take a step's beam rows: record their candidates, decide the steps of the requests
         whose beams are all in (forks, block copies, drops). Returns the other rows and the
         requests whose search ended (no longer held here)."""
         rows = [i for i, s in enumerate(seqs) if s.request_id in self.requests]
         if not rows:
-            return seqs, logits, []
+            return BeamStep(seqs, logits, [])
         requests = [self.requests[seqs[i].request_id] for i in rows]
         candidates = top_candidates(logits[rows], [r.group.keep for r in requests])
         for i, request, cand in zip(rows, requests, candidates, strict=True):
@@ -87,7 +97,7 @@ class BeamRequests:
         self.copy_blocks(copies)
         taken = set(rows)
         rest = [i for i in range(len(seqs)) if i not in taken]
-        return [seqs[i] for i in rest], logits[rest], ended
+        return BeamStep([seqs[i] for i in rest], logits[rest], ended)
 
     def _advance(self, request: BeamRequest) -> list[tuple[int, int]]:
         """Decide the request's step and apply it; returns the block copies of its forks."""

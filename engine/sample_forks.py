@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -11,6 +12,13 @@ from engine.request_state import RequestState
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.stats import EngineStats
+
+
+class SampledRows(NamedTuple):
+    """A step's sampling rows: the sequences, and the logits row of each."""
+
+    seqs: list[Sequence]
+    logits: torch.Tensor
 
 
 class SampleForks:
@@ -22,7 +30,7 @@ class SampleForks:
         self.scheduler, self.intake, self.stats, self.copy_blocks = scheduler, intake, stats, copy_blocks
         self.requests = requests  # the engine's, by id
 
-    def __call__(self, sample_seqs: list[Sequence], logits: torch.Tensor) -> tuple[list[Sequence], torch.Tensor]:
+    def __call__(self, sample_seqs: list[Sequence], logits: torch.Tensor) -> SampledRows:
         """The step's sampling rows with the new samples added (each a copy of its parent's row)."""
         seqs, rows, copies = list(sample_seqs), list(range(len(sample_seqs))), []
         block_size = self.scheduler.block_manager.block_size
@@ -40,6 +48,6 @@ class SampleForks:
                 rows.append(row)
             parent.pending_forks = 0
         if len(seqs) == len(sample_seqs):
-            return seqs, logits
+            return SampledRows(seqs, logits)
         self.copy_blocks(copies)
-        return seqs, logits[rows]
+        return SampledRows(seqs, logits[rows])

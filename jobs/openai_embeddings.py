@@ -13,6 +13,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from jobs.openai_protocol import RequestLine
+
 EMBEDDING_URLS = ("/v1/embeddings", "/embeddings")
 MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
 
@@ -71,9 +73,8 @@ def embeddings_body(vectors: Sequence[np.ndarray], prompt_tokens: int, model: st
 LINE_FIELDS = ("dimensions", "encoding_format")
 
 
-def embedding_row(custom_id: str, body: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any], set[str]]:
-    """(custom_id, row, sampling values (none), ignored body keys) for one ``/v1/embeddings`` line;
-    raises ValueError naming the bad field."""
+def embedding_row(custom_id: str, body: dict[str, Any]) -> RequestLine:
+    """One ``/v1/embeddings`` line's row (no sampling values); raises ValueError naming the bad field."""
     from pydantic import ValidationError
 
     try:
@@ -90,7 +91,7 @@ def embedding_row(custom_id: str, body: dict[str, Any]) -> tuple[str, dict[str, 
     prompt = items[0]
     row = {"custom_id": custom_id, "text": prompt, "messages": [{"role": "user", "content": prompt}],
            "dimensions": request.dimensions, "encoding_format": request.encoding_format}
-    return custom_id, row, {}, set(body) - {"input", "model", "user", *LINE_FIELDS}
+    return RequestLine(custom_id, row, {}, set(body) - {"input", "model", "user", *LINE_FIELDS})
 
 
 def embedding_line(row: dict[str, Any], fields: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:

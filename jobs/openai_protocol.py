@@ -14,7 +14,7 @@ they pass everywhere.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -180,6 +180,15 @@ _SHAPES = {
     "tool_choice": 'must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
     "content": "must be a string or a list of {type, text} parts",
 }
+
+
+class RequestLine(NamedTuple):
+    """One batch request line as the converted file's row (``jobs.openai_requests.parse_request``)."""
+
+    custom_id: str
+    row: dict[str, Any]  # the converted file's row (JSON: it is written as a line)
+    sampling: dict[str, Any]  # the line's own sampling settings (none for an embeddings line)
+    ignored: set[str]  # body keys the batch does not use (a warning names them)
 
 
 class ProtocolError(ValueError):

@@ -31,6 +31,7 @@ from jobs.openai_protocol import (
     BODIES,
     ChatCompletionRequest,
     CompletionRequest,
+    RequestLine,
     ResponseFormat,
     SamplingFields,
     parse,
@@ -131,8 +132,8 @@ def _sampling(body: SamplingFields, max_tokens: int | None, logprobs: int | None
     return values
 
 
-def parse_request(line: str) -> tuple[str, dict[str, Any], dict[str, Any], set[str]]:
-    """(custom_id, row, sampling values, ignored body keys) for one request line; the body is
+def parse_request(line: str) -> RequestLine:
+    """One request line's row, its sampling values and the body keys it ignores; the body is
     read with its url's protocol model (``jobs.openai_protocol.BODIES``)."""
     try:
         request = json.loads(line)
@@ -163,7 +164,7 @@ def parse_request(line: str) -> tuple[str, dict[str, Any], dict[str, Any], set[s
         sampling = _sampling(body, body.max_tokens, None, None)
         row = {"custom_id": custom_id, "text": prompt, "messages": [{"role": "user", "content": prompt}],
                SAMPLING_FIELD: sampling}
-        return custom_id, row, sampling, set(raw) - {"prompt", *_SAMPLING_KEYS, *_IGNORED}
+        return RequestLine(custom_id, row, sampling, set(raw) - {"prompt", *_SAMPLING_KEYS, *_IGNORED})
     if body.tools and body.tool_choice not in (None, "none", "auto"):
         raise ValueError("body.tool_choice: a forced tool call is answered on the live /v1/chat/completions route "
                          "only; a batch line would get plain text")
@@ -173,7 +174,7 @@ def parse_request(line: str) -> tuple[str, dict[str, Any], dict[str, Any], set[s
     sampling = _sampling(body, max_tokens, _logprobs(body), body.response_format)
     row = {"custom_id": custom_id, "text": user_turns[-1] if user_turns else "", "messages": messages,
            SAMPLING_FIELD: sampling}
-    return custom_id, row, sampling, set(raw) - {"messages", *_SAMPLING_KEYS, *_IGNORED}
+    return RequestLine(custom_id, row, sampling, set(raw) - {"messages", *_SAMPLING_KEYS, *_IGNORED})
 
 
 def convert_requests(
@@ -202,7 +203,8 @@ def convert_requests(
                 continue
             where = f"{shard.basename} line {n}"
             try:
-                custom_id, row, _sampling, extra = parse_request(line)
+                parsed = parse_request(line)
+                custom_id = parsed.custom_id
                 if custom_id in ids:
                     raise ValueError(f"custom_id {custom_id!r} repeats {ids[custom_id]}")
                 endpoint = _endpoint(line)
@@ -214,9 +216,9 @@ def convert_requests(
                 errors.append(f"{where}: {exc}")
                 continue
             ids[custom_id] = where
-            rows.append(json.dumps(row, ensure_ascii=False))
+            rows.append(json.dumps(parsed.row, ensure_ascii=False))
             requests += 1
-            ignored |= extra
+            ignored |= parsed.ignored
         converted.append((join_url(target, f"requests-{shard.part_id}.jsonl"), "".join(r + "\n" for r in rows)))
     if errors:
         shown = "\n  ".join(errors[:MAX_REPORTED_ERRORS])

@@ -12,10 +12,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from pipeline.plan import JobPlan
+
+# A row step: (the row's columns by name, the input record's fields, the kind's options) ->
+# {extra column: value}, and optionally its own OpenAI line under "openai_line".
+RowStepFn = Callable[[dict[str, Any], dict[str, Any], dict[str, Any]], "dict[str, Any] | None"]
+# A summary step: (the output's rows, the kind's options) -> the manifest's JSON-safe summary.
+SummaryStepFn = Callable[["pa.Table", dict[str, Any]], Any]
+# A report step: (the manifest, the output's storage options) -> {file name: url}.
+ReportStepFn = Callable[[dict[str, Any], "dict[str, Any] | None"], "dict[str, str]"]
+F = TypeVar("F", RowStepFn, SummaryStepFn, ReportStepFn)
 
 
 class RowRejected(ValueError):
@@ -24,25 +35,24 @@ class RowRejected(ValueError):
 
 
 @dataclass(frozen=True)
-class Step:
-    """One step of a kind. Its ``name`` goes in the manifest, in a failing step's error and, for
-    the row step, in the part fingerprint: it is the ``module:function`` a plan named before the
-    kinds owned their steps, kept so that parts committed then stay current."""
+class Step(Generic[F]):
+    """One step of a kind, typed by its function (``Step[RowStepFn]``, ...). Its ``name`` goes in
+    the manifest, in a failing step's error and, for the row step, in the part fingerprint: it is
+    the ``module:function`` a plan named before the kinds owned their steps, kept so that parts
+    committed then stay current."""
 
     name: str
-    # row step: fn(row, fields, options) -> {column: value}; summary: fn(table, options) -> JSON-safe;
-    # report: fn(manifest, storage_options) -> {name: url}
-    run: Callable[..., Any]
+    run: F
 
 
 class KindSteps(Protocol):
     """What the pipeline asks of a job kind (``jobs.kinds.base.JobKind``); None: no such step."""
 
-    def row_step(self, plan: JobPlan) -> Step | None: ...
+    def row_step(self, plan: JobPlan) -> Step[RowStepFn] | None: ...
 
-    def summary_step(self, plan: JobPlan) -> Step | None: ...
+    def summary_step(self, plan: JobPlan) -> Step[SummaryStepFn] | None: ...
 
-    def report_step(self, plan: JobPlan) -> Step | None: ...
+    def report_step(self, plan: JobPlan) -> Step[ReportStepFn] | None: ...
 
 
 def plan_kind(name: str) -> KindSteps:
@@ -52,5 +62,5 @@ def plan_kind(name: str) -> KindSteps:
     return job_kind(name)
 
 
-def step_name(step: Step | None) -> str | None:
+def step_name(step: Step[Any] | None) -> str | None:
     return None if step is None else step.name

@@ -12,8 +12,9 @@ import hashlib
 import time
 from typing import Any
 
-OPENAI_LINE_KEY = "openai_line"
-CHOICES_KEY = "_openai_choices"  # on a result row: [{index, text, finish_reason, logprobs}] (n, logprobs)
+from pipeline.result_row import OpenAIChoice, ResultRow
+
+OPENAI_LINE_KEY = "openai_line"  # a row step's own line for its row, in the dict it returns
 
 
 def _token_entry(token: str, logprob: float) -> dict[str, Any]:
@@ -41,28 +42,26 @@ def _stable_id(*parts: str) -> str:
     return hashlib.sha1("\x1f".join(parts).encode("utf-8")).hexdigest()[:24]
 
 
-def openai_line(row: dict[str, Any], job_id: str, model: str, completion: bool = False) -> dict[str, Any]:
+def openai_line(row: ResultRow, job_id: str, model: str, completion: bool = False) -> dict[str, Any]:
     """The batch-API output object for one result row (error rows carry ``error``); the body is a
     ``chat.completion``, or a ``text_completion`` for /v1/completions requests."""
-    rid = _stable_id(job_id, row["id"])
-    if row.get("error"):
+    rid = _stable_id(job_id, row.id)
+    if row.error:
         return {
             "id": f"batch_req_{rid}",
-            "custom_id": row["id"],
+            "custom_id": row.id,
             "response": None,
-            "error": {"code": "invalid_request", "message": row["error"]},
+            "error": {"code": "invalid_request", "message": row.error},
         }
-    prompt, generated = row.get("prompt_tokens") or 0, row.get("output_tokens") or 0
-    samples = row.get(CHOICES_KEY) or [
-        {"index": 0, "text": row.get("output"), "finish_reason": row.get("finish_reason"), "logprobs": None}
-    ]
+    prompt, generated = row.prompt_tokens or 0, row.output_tokens or 0
+    samples = row.choices or (OpenAIChoice(0, row.output, row.finish_reason),)
     if completion:
-        choices = [{"index": c["index"], "text": c["text"] or "", "logprobs": None,
-                    "finish_reason": c["finish_reason"] or "stop"} for c in samples]
+        choices = [{"index": c.index, "text": c.text or "", "logprobs": None,
+                    "finish_reason": c.finish_reason or "stop"} for c in samples]
     else:
-        choices = [{"index": c["index"], "message": {"role": "assistant", "content": c["text"] or ""},
-                    "logprobs": None if c["logprobs"] is None else {"content": c["logprobs"], "refusal": None},
-                    "finish_reason": c["finish_reason"] or "stop"} for c in samples]
+        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text or ""},
+                    "logprobs": None if c.logprobs is None else {"content": c.logprobs, "refusal": None},
+                    "finish_reason": c.finish_reason or "stop"} for c in samples]
     body = {
         "id": f"{'cmpl' if completion else 'chatcmpl'}-{rid}",
         "object": "text_completion" if completion else "chat.completion",
@@ -73,14 +72,14 @@ def openai_line(row: dict[str, Any], job_id: str, model: str, completion: bool =
     }
     return {
         "id": f"batch_req_{rid}",
-        "custom_id": row["id"],
+        "custom_id": row.id,
         "response": {"status_code": 200, "request_id": f"req_{rid}", "body": body},
         "error": None,
     }
 
 
-def choices_of_line(line: dict[str, Any] | None) -> list[dict[str, Any]] | None:
-    """The ``CHOICES_KEY`` value an ``openai_line`` was made from (so a row taken from an earlier
+def choices_of_line(line: dict[str, Any] | None) -> tuple[OpenAIChoice, ...] | None:
+    """The row's choices an ``openai_line`` was made from (so a row taken from an earlier
     part gets the same line again, but for ``created``); None for an error line."""
     body = ((line or {}).get("response") or {}).get("body") or {}
     choices = []
@@ -88,6 +87,5 @@ def choices_of_line(line: dict[str, Any] | None) -> list[dict[str, Any]] | None:
         message = c.get("message")
         logprobs = (c.get("logprobs") or {}).get("content") if message is not None else None
         text = message.get("content") if message is not None else c.get("text")
-        choices.append({"index": c["index"], "text": text, "finish_reason": c.get("finish_reason"),
-                        "logprobs": logprobs})
-    return choices or None
+        choices.append(OpenAIChoice(c["index"], text, c.get("finish_reason"), logprobs))
+    return tuple(choices) or None

@@ -1,4 +1,5 @@
-"""The Arrow schema of output rows (every part of a job has it), and result rows as a table.
+"""The Arrow schema of output rows (every part of a job has it), and result rows as a table:
+the one place both are made (``pipeline.result_row.ResultRow`` knows no Arrow).
 
 Passthrough fields are written as strings (JSON text for lists/objects, null for a
 missing value): CSV gives only strings while JSONL may give a different type per row,
@@ -15,6 +16,7 @@ import pyarrow as pa
 
 from pipeline.output_columns import FIXED_COLUMNS
 from pipeline.plan import JobPlan
+from pipeline.result_row import ResultRow
 
 _EXTRA_TYPES = {
     "string": pa.string(),
@@ -99,5 +101,6 @@ def coerce_extra(value: Any, t: pa.DataType) -> Any:
     return float(value)
 
 
-def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    return pa.Table.from_pylist(rows, schema=schema)
+def rows_to_table(rows: list[ResultRow], schema: pa.Schema) -> pa.Table:
+    """The rows as a table of ``schema``: a value whose name has no column is not written."""
+    return pa.Table.from_pylist([row.values() for row in rows], schema=schema)

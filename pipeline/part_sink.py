@@ -37,6 +37,7 @@ from connectors import (
 )
 from pipeline.output_schema import rows_to_table
 from pipeline.plan import JobPlan
+from pipeline.result_row import ResultRow
 from pipeline.shard_outcome import ShardCounts
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ SPOOL_ROWS = 2048
 class PartSink:
     def __init__(self, plan: JobPlan, ref: ShardRef, schema: pa.Schema) -> None:
         self.plan, self.ref, self.schema = plan, ref, schema
-        self.rows: dict[int, dict[str, Any]] = {}  # position -> finished row not yet spooled
+        self.rows: dict[int, ResultRow] = {}  # position -> finished row not yet spooled
         self.openai_lines: dict[int, dict[str, Any]] = {}
         self.spooled = 0  # rows at positions [0, spooled) are in the writer
         self.writer: PartWriter | None = None
@@ -98,12 +99,12 @@ class PartSink:
             )
         return self.writer
 
-    def add(self, position: int, row: dict[str, Any], openai_line: dict[str, Any] | None) -> None:
+    def add(self, position: int, row: ResultRow) -> None:
         """Keep a finished row (and its OpenAI line); spool when enough are waiting."""
         if self.failed is not None:
             return
-        if openai_line is not None:
-            self.openai_lines[position] = openai_line
+        if row.openai_line is not None:
+            self.openai_lines[position] = row.openai_line
         self.rows[position] = row
         self.counts.add_row(row)
         if len(self.rows) >= SPOOL_ROWS:

@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
 
 import pyarrow as pa
 
 from connectors import ShardRef, list_part_sizes, read_part_if_any, read_part_lines
 from pipeline.embed_requests import EMBEDDING_COLUMN
-from pipeline.openai_output import CHOICES_KEY, choices_of_line
+from pipeline.openai_output import choices_of_line
 from pipeline.output_columns import COMPUTED_COLUMNS
 from pipeline.plan import JobPlan, RequestMode
+from pipeline.result_row import OpenAIChoice, RequestResult
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +39,15 @@ _MODE_COLUMNS = {
     RequestMode.TOKENS: ("logprob", "is_greedy"),
     RequestMode.EMBED: (EMBEDDING_COLUMN,),
 }
-_CHOICES_JSON = "_openai_choices_json"  # a taken row's OpenAI choices, read from the part's lines
+# A column of the lookup's table only (never of a part): a taken row's OpenAI choices as JSON
+# text, read from the part's lines.
+CHOICES_JSON = "openai_choices_json"
 # The output-wide lookup reads every part's computed columns once a run: a bound on its memory.
 OUTPUT_ROWS_BYTES = 256 * 2**20
 
 
 class PreviousRows:
-    """``values(key)``: the computed columns of the previous part's row with that key, or None."""
+    """``result(key)``: the computed columns of the previous part's row with that key, or None."""
 
     def __init__(self, table: pa.Table, columns: list[str]) -> None:
         self.table = table.select(columns)
@@ -56,25 +58,26 @@ class PreviousRows:
     def __len__(self) -> int:
         return len(self.index)
 
-    def values(self, key: str | None) -> dict[str, Any] | None:
+    def result(self, key: str | None) -> RequestResult | None:
         i = self.index.get(key) if key else None
         if i is None:
             return None
         (row,) = self.table.slice(i, 1).to_pylist()
-        if _CHOICES_JSON in row:  # the OpenAI line's choices, kept as JSON text
-            choices = row.pop(_CHOICES_JSON)
-            row[CHOICES_KEY] = json.loads(choices) if choices else None
-        return {**row, "error": None}
+        choices = None
+        if CHOICES_JSON in row:  # the OpenAI line's choices, kept as JSON text
+            text = row.pop(CHOICES_JSON)
+            choices = tuple(OpenAIChoice.from_dict(c) for c in json.loads(text)) if text else None
+        return RequestResult.from_values({**row, "error": None}, choices or None)
 
 
 def _columns(plan: JobPlan) -> list[str]:
     """The columns a taken row needs (with the OpenAI lines' choices when the plan writes them)."""
     columns = [*COMPUTED_COLUMNS, *(c for c in _MODE_COLUMNS[plan.request_mode] if c in plan.extra_columns)]
-    return [*columns, _CHOICES_JSON] if plan.openai_output else columns
+    return [*columns, CHOICES_JSON] if plan.openai_output else columns
 
 
 def _read(plan: JobPlan, part: str, columns: list[str]) -> pa.Table | None:
-    stored = [c for c in columns if c != _CHOICES_JSON]
+    stored = [c for c in columns if c != CHOICES_JSON]
     table = read_part_if_any(plan.output_url, part, ["content_key", "error", *stored], plan.output_options)
     if table is None or not {"content_key", "error", *stored} <= set(table.column_names):
         return None
@@ -85,7 +88,8 @@ def _read(plan: JobPlan, part: str, columns: list[str]) -> pa.Table | None:
     if lines is None or len(lines) != table.num_rows:
         return None  # lines that did not follow their part: nothing taken
     choices = [choices_of_line(line) for line in lines]
-    return table.append_column(_CHOICES_JSON, pa.array([json.dumps(c) if c else None for c in choices], pa.string()))
+    texts = [json.dumps([x.to_dict() for x in c]) if c else None for c in choices]
+    return table.append_column(CHOICES_JSON, pa.array(texts, pa.string()))
 
 
 def load_output_rows(plan: JobPlan) -> PreviousRows | None:

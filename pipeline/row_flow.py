@@ -8,11 +8,12 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeline.in_flight import InFlight, InFlightRequests
 from pipeline.output_schema import output_schema
 from pipeline.plan import JobPlan
+from pipeline.result_row import RequestResult, ResultRow
 from pipeline.result_rows import ResultRows
 from pipeline.row_preparation import PreparedRow, RowPreparation
 from pipeline.row_requests import RequestBuilder
@@ -22,7 +23,15 @@ from pipeline.shard_opening import OpenShard
 
 log = logging.getLogger(__name__)
 
-Complete = Callable[[OpenShard, PreparedRow, dict], None]  # a finished row to its shard's part
+Complete = Callable[[OpenShard, PreparedRow, ResultRow], None]  # a finished row to its shard's part
+
+
+class FinishedRow(NamedTuple):
+    """A finished row's result from the kind, its result row, and when it was built."""
+
+    result: RequestResult
+    row: ResultRow
+    at: float
 
 
 @dataclass
@@ -57,24 +66,24 @@ class RowFlow:
         self.builder = RequestBuilder(self.plan, engine)
         self.preparation = RowPreparation(self.plan, engine, self.builder)
 
-    def result_row(self, inf: InFlight) -> tuple[dict[str, Any], dict, float]:
+    def result_row(self, inf: InFlight) -> FinishedRow:
         """A finished row's values from the kind (its error if that fails: it costs the row
         only), its result row, and when it was built."""
         record = inf.row.record
         try:
-            values = self.builder.row_values(inf.group)
+            result = self.builder.row_values(inf.group)
         except Exception as exc:
             log.exception("cannot build the result of row %d", record.row_number)
-            values = {"error": f"row {record.row_number}: {type(exc).__name__}: {exc}"}
+            result = RequestResult(error=f"row {record.row_number}: {type(exc).__name__}: {exc}")
         now = time.perf_counter()
-        return values, self.results.build(record, **values, latency_s=now - inf.admitted_at,
-                                          content_key=inf.row.key), now
+        return FinishedRow(result, self.results.build(record, result, latency_s=now - inf.admitted_at,
+                                                      content_key=inf.row.key), now)
 
-    def drop_all_as_errors(self, message: str) -> list[tuple[InFlight, dict]]:
+    def drop_all_as_errors(self, message: str) -> list[tuple[InFlight, ResultRow]]:
         """Every row in the engine, dropped, with its error row (the engine is left empty)."""
         rows = []
         for inf in self.in_flight.drop_all():
             record = inf.row.record
-            rows.append((inf, self.results.build(record, error=f"row {record.row_number}: {message}",
+            rows.append((inf, self.results.build(record, RequestResult(error=f"row {record.row_number}: {message}"),
                                                  latency_s=time.perf_counter() - inf.admitted_at)))
         return rows

@@ -16,22 +16,23 @@ from typing import Any
 from engine.sampling_params import SamplingParams
 from pipeline.embed_requests import EmbedRequests
 from pipeline.loglikelihood import Scorer
-from pipeline.openai_output import CHOICES_KEY, logprobs_content
+from pipeline.openai_output import logprobs_content
 from pipeline.plan import JobPlan, RequestMode
+from pipeline.result_row import OpenAIChoice, RequestResult
 from pipeline.shard_engine import PromptEngine
 from pipeline.sub_requests import RowGroup, RowInputError, SubRequest, make_params
 from pipeline.token_requests import TokenRequests
 
 
-def _choice_dict(out: Any, tokenizer: Any, top: int | None) -> dict[str, Any]:
+def _choice(out: Any, tokenizer: Any, top: int | None) -> OpenAIChoice:
     content = None
     if top is not None and out.logprobs is not None:
         content = logprobs_content(out.token_ids, out.logprobs, top, tokenizer)
-    return {"index": out.index, "text": out.text, "finish_reason": out.finish_reason, "logprobs": content}
+    return OpenAIChoice(out.index, out.text, out.finish_reason, content)
 
 
 class RequestBuilder:
-    """Per plan: ``build`` turns a row into SubRequests, ``row_values`` their outputs into row fields."""
+    """Per plan: ``build`` turns a row into SubRequests, ``row_values`` their outputs into its result."""
 
     def __init__(self, plan: JobPlan, engine: PromptEngine) -> None:
         self.plan = plan
@@ -64,8 +65,8 @@ class RequestBuilder:
             return self.scorer.build(fields, row, messages)
         return [SubRequest(tokenize(), self.row_params(fields, row))]
 
-    def row_values(self, group: RowGroup) -> dict[str, Any]:
-        """Result-row fields from a finished group: the fixed columns, plus the mode's columns."""
+    def row_values(self, group: RowGroup) -> RequestResult:
+        """A finished group's result: the fixed columns, plus the mode's columns."""
         outs = [group.outputs[i] for i in range(len(group.subs))]
         errors = [o.error for o in outs if o.error]
         values: dict[str, Any] = {
@@ -77,7 +78,7 @@ class RequestBuilder:
             values.update(output=None, output_tokens=0, finish_reason="error" if errors else "stop")
             if not errors:
                 values.update(self.scorer.values(group))
-            return values
+            return RequestResult.from_values(values)
         (out,) = outs
         samples = list(getattr(out, "outputs", None) or [])
         values.update(
@@ -87,7 +88,8 @@ class RequestBuilder:
         if "samples" in self.plan.extra_columns:
             values["samples"] = [s.text for s in samples] if samples else [out.text]
             values["sample_finish_reasons"] = [s.finish_reason for s in samples] if samples else [out.finish_reason]
+        choices = None
         if self.plan.openai_output and samples and not errors:
             top = group.subs[0].params.logprobs
-            values[CHOICES_KEY] = [_choice_dict(s, self.engine.tokenizer, top) for s in samples]
-        return values
+            choices = tuple(_choice(s, self.engine.tokenizer, top) for s in samples)
+        return RequestResult.from_values(values, choices)

@@ -32,6 +32,7 @@ from engine import RequestOutput
 from pipeline.part_sink import SPOOL_ROWS
 from pipeline.plan import JobPlan
 from pipeline.prompts import validate_prompt
+from pipeline.result_row import RequestResult, ResultRow
 from pipeline.row_flow import RowFlow
 from pipeline.row_preparation import PreparedRow
 from pipeline.shard_engine import ShardEngine
@@ -200,7 +201,7 @@ class ShardDriver:
                 return True
         failure = shard.read_next(self.rows.preparation)
         if failure is not None:
-            self._fail_shard(shard, *failure)
+            self._fail_shard(shard, failure.reason, failure.transient)
         return True
 
     def _admit_row(self, shard: OpenShard, row: PreparedRow) -> None:
@@ -208,8 +209,8 @@ class ShardDriver:
         requests = self.rows.preparation.requests(row)
         error = requests.error if requests.error is not None else self.rows.sharing.admit(shard, row, requests.subs)
         if error is not None:
-            self._complete(shard, row, self.rows.results.build(row.record, error=error,
-                                                          prompt_tokens=requests.prompt_tokens, content_key=row.key))
+            result = RequestResult(error=error, prompt_tokens=requests.prompt_tokens)
+            self._complete(shard, row, self.rows.results.build(row.record, result, content_key=row.key))
 
     def _fail_shard(self, shard: OpenShard, reason: str, transient: bool) -> None:
         shard.sink.abandon(reason, transient=transient)
@@ -264,9 +265,9 @@ class ShardDriver:
             inf = self.in_flight.finished(out)
             if inf is None:
                 continue
-            values, row, now = self.rows.result_row(inf)
+            result, row, now = self.rows.result_row(inf)
             self._complete(inf.shard, inf.row, row, notify=False)
-            for shard in (inf.shard, *self.rows.sharing.fan_out(inf, values, now)):  # identical rows take it too
+            for shard in (inf.shard, *self.rows.sharing.fan_out(inf, result, now)):  # identical rows take it too
                 touched[shard.ref.index] = shard
         for shard in touched.values():
             self.hooks.reports.notify(shard.progress)
@@ -287,11 +288,10 @@ class ShardDriver:
             self._complete(inf.shard, inf.row, row)
 
     # ---- rows and outcomes --------------------------------------------------------------
-    def _complete(self, shard: OpenShard, prepared: PreparedRow, row: dict, notify: bool = True) -> None:
+    def _complete(self, shard: OpenShard, prepared: PreparedRow, row: ResultRow, notify: bool = True) -> None:
         """Run the kind's row step, then hand the row to the shard's part."""
         if shard.sink.failed is not None:  # its part is abandoned (e.g. a spool write failed)
             return
-        openai_line = self.rows.results.finish(prepared.record, row)
-        shard.sink.add(prepared.position, row, openai_line)
+        shard.sink.add(prepared.position, self.rows.results.finish(prepared.record, row))
         if not self._closed_by_sink(shard) and notify:
             self.hooks.reports.notify(shard.progress)

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import pyarrow as pa
 
@@ -36,6 +37,13 @@ from pipeline.row_preparation import PreparedRow, RowPreparation
 from pipeline.shard_outcome import ShardCounts, ShardOutcome, ShardState
 
 log = logging.getLogger(__name__)
+
+
+class ReadFailure(NamedTuple):
+    """Why a shard's reader failed: its part is abandoned, and retried if ``transient``."""
+
+    reason: str
+    transient: bool
 
 
 @dataclass
@@ -71,17 +79,17 @@ class OpenShard:
         """Rows read and not yet in the part's file."""
         return self.rows_read - self.sink.spooled
 
-    def read_next(self, preparation: RowPreparation) -> tuple[str, bool] | None:
-        """Read the next batch into the buffer, in admission order; (reason, transient) if reading failed."""
+    def read_next(self, preparation: RowPreparation) -> ReadFailure | None:
+        """Read the next batch into the buffer, in admission order; why, if reading failed."""
         try:
             batch = next(self.batches)
         except StopIteration:
             self.exhausted = True
             return None
         except ShardReadError as exc:
-            return str(exc), False
+            return ReadFailure(str(exc), False)
         except Exception as exc:
-            return f"{type(exc).__name__}: {exc}", is_transient(exc)
+            return ReadFailure(f"{type(exc).__name__}: {exc}", is_transient(exc))
         if self.skip:
             passed, batch = batch[: self.skip], batch[self.skip :]
             self.skip -= len(passed)

@@ -13,10 +13,13 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from connectors.parquet_sink import part_id_of
 from connectors.redaction import redact
+
+if TYPE_CHECKING:
+    from pipeline.result_row import ResultRow
 
 
 class ShardState(StrEnum):
@@ -60,12 +63,12 @@ class ShardCounts:
     output_tokens: int = 0
     cached_prompt_tokens: int = 0
 
-    def add_row(self, row: dict[str, Any]) -> None:
+    def add_row(self, row: ResultRow) -> None:
         self.rows += 1
-        self.errors += row["error"] is not None
-        self.prompt_tokens += row["prompt_tokens"]
-        self.output_tokens += row["output_tokens"]
-        self.cached_prompt_tokens += row["cached_prompt_tokens"]
+        self.errors += row.error is not None
+        self.prompt_tokens += row.prompt_tokens
+        self.output_tokens += row.output_tokens
+        self.cached_prompt_tokens += row.cached_prompt_tokens
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -65,7 +65,7 @@ def check_upload(data: bytes, max_lines: int = DEFAULT_MAX_BATCH_LINES) -> int:
                            "url"))
             continue
         try:
-            custom_id, *_ = parse_request(line)
+            custom_id = parse_request(line).custom_id
         except ValueError as exc:
             message = str(exc)
             errors.append((n, message, _field_of(message)))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -80,7 +81,14 @@ def is_toml(text: str) -> bool:
     return False
 
 
-def parse_keys_file(text: str, where: Path) -> tuple[KeysFile, dict[str, KeyScope]]:
+class ParsedKeys(NamedTuple):
+    """A scoped keys file: the file (its shared scope) and each key's scope."""
+
+    file: KeysFile
+    scopes: dict[str, KeyScope]  # key -> its scope
+
+
+def parse_keys_file(text: str, where: Path) -> ParsedKeys:
     """The file's shared scope and ``{key: its scope}``; a ValueError naming what is wrong."""
     try:
         parsed = KeysFile.model_validate(tomllib.loads(text))
@@ -98,4 +106,4 @@ def parse_keys_file(text: str, where: Path) -> tuple[KeysFile, dict[str, KeyScop
         if secret in scopes:
             raise ValueError(f"{where}: keys {entry.name!r}: the same key as {scopes[secret].name!r}")
         scopes[secret] = entry
-    return parsed, scopes
+    return ParsedKeys(parsed, scopes)

@@ -6,7 +6,7 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from engine.model_registry import DEFAULT_MODEL
 from service.scopes import KeyScope, SharedScope, is_toml, parse_keys_file
@@ -28,11 +28,20 @@ def key_id(api_key: str) -> str:
 
 def load_api_keys(env_value: str | None, keys_file: Path | None) -> list[str]:
     """Keys from $TOKENMILL_API_KEYS (comma-separated) and a file (one per line, '#' comments)."""
-    return load_keys(env_value, keys_file)[0]
+    return load_keys(env_value, keys_file).keys
 
 
-def load_keys(env_value: str | None, keys_file: Path | None) -> tuple[list[str], dict[str, KeyScope], SharedScope]:
-    """Keys, the scopes a TOML keys file gives some of them (``service.scopes``) and its shared scope."""
+class ApiKeys(NamedTuple):
+    """The service's keys, the scopes a TOML keys file gives some of them (``service.scopes``)
+    and its shared scope."""
+
+    keys: list[str]
+    scopes: dict[str, KeyScope]
+    shared: SharedScope
+
+
+def load_keys(env_value: str | None, keys_file: Path | None) -> ApiKeys:
+    """Keys from $TOKENMILL_API_KEYS and ``keys_file`` (plain lines or a scoped TOML file)."""
     keys = [k.strip() for k in (env_value or "").split(",") if k.strip()]
     scopes: dict[str, KeyScope] = {}
     shared = SharedScope()
@@ -43,17 +52,17 @@ def load_keys(env_value: str | None, keys_file: Path | None) -> tuple[list[str],
             raise SettingsError(f"--api-keys-file {keys_file}: {exc.strerror or exc}") from None
         if is_toml(text):
             try:
-                parsed, scopes = parse_keys_file(text, keys_file)
+                parsed = parse_keys_file(text, keys_file)
             except ValueError as exc:
                 raise SettingsError(f"--api-keys-file {exc}") from None
-            shared = parsed.shared
+            shared, scopes = parsed.file.shared, parsed.scopes
             keys += list(scopes)
         else:
             lines = text.splitlines()
             keys += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
     if not keys:
         raise SettingsError("no API keys: set TOKENMILL_API_KEYS (comma-separated) or give --api-keys-file")
-    return keys, scopes, shared
+    return ApiKeys(keys, scopes, shared)
 
 
 @dataclass

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
@@ -70,7 +70,14 @@ class _Text:
         return final[len(self.sent) :] if final.startswith(self.sent) else ""
 
 
-async def open_call(live: LiveEngine, ask: EngineAsk, owner: str = "") -> tuple[Future, asyncio.Queue]:
+class OpenCall(NamedTuple):
+    """A call the engine took: its result, and the queue its progress arrives on (None: done)."""
+
+    future: Future
+    queue: asyncio.Queue
+
+
+async def open_call(live: LiveEngine, ask: EngineAsk, owner: str = "") -> OpenCall:
     """Submit the call and wait until the engine took all its prompts: a prompt it refuses is
     still a plain 400, before any event is sent."""
     loop = asyncio.get_running_loop()
@@ -90,7 +97,7 @@ async def open_call(live: LiveEngine, ask: EngineAsk, owner: str = "") -> tuple[
             raise refused_prompt(exc.reason, ask) from None
         except Exception as exc:
             raise APIError(500, f"the engine failed: {type(exc).__name__}: {exc}", code="engine_error") from None
-    return future, queue
+    return OpenCall(future, queue)
 
 
 class EventStream(StreamingResponse):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobs.openai_protocol import ChatCompletionRequest, ResponseFormat
 from jobs.openai_requests import response_format_output
@@ -29,6 +29,21 @@ from service.errors import bad_request
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
+class ToolAnswer(NamedTuple):
+    """A reply as the assistant message it becomes, and its finish reason."""
+
+    message: AssistantMessage
+    finish_reason: str
+
+
+class ChatConstraint(NamedTuple):
+    """The engine's structured_output for a chat request (None: plain text) and, for a forced
+    tool call, how to answer it (None: no tool call)."""
+
+    structured: dict[str, Any] | None
+    tools: ToolReply | None
+
+
 @dataclass
 class ToolReply:
     """How a constrained reply becomes ``tool_calls``: ``name`` for a named function, else the
@@ -36,18 +51,19 @@ class ToolReply:
 
     name: str | None
 
-    def message(self, text: str, finish_reason: str) -> tuple[AssistantMessage, str]:
+    def message(self, text: str, finish_reason: str) -> ToolAnswer:
         """The assistant message and finish reason for a reply's text (a reply cut short by
         ``max_tokens`` stays plain text: it is not a whole call)."""
         if finish_reason == "length":
-            return AssistantMessage(content=text), finish_reason
+            return ToolAnswer(AssistantMessage(content=text), finish_reason)
         if self.name is not None:
-            return _call_message(self.name, text), finish_reason
+            return ToolAnswer(_call_message(self.name, text), finish_reason)
         try:
             call = json.loads(text)
-            return _call_message(call["name"], json.dumps(call["arguments"], ensure_ascii=False)), "tool_calls"
+            return ToolAnswer(_call_message(call["name"], json.dumps(call["arguments"], ensure_ascii=False)),
+                              "tool_calls")
         except (ValueError, KeyError, TypeError):  # only an error output can differ from its grammar
-            return AssistantMessage(content=text), finish_reason
+            return ToolAnswer(AssistantMessage(content=text), finish_reason)
 
 
 def _call_message(name: str, arguments: str) -> AssistantMessage:
@@ -69,14 +85,13 @@ def format_constraint(response_format: ResponseFormat | None) -> dict[str, Any] 
         raise bad_request(str(exc).removeprefix("body."), "response_format", "invalid_value") from None
 
 
-def chat_constraint(request: ChatCompletionRequest) -> tuple[dict[str, Any] | None, ToolReply | None]:
-    """The engine's structured_output for a chat request (None: plain text) and, for a forced
-    tool call, how to answer it."""
+def chat_constraint(request: ChatCompletionRequest) -> ChatConstraint:
+    """The engine's structured_output for a chat request and, for a forced tool call, how to answer it."""
     tools = {t.function.name: t.function.parameters or ANY_OBJECT for t in request.tools or []}
     choice = request.tool_choice or ("auto" if tools else "none")
     structured = format_constraint(request.response_format)
     if choice == "none":
-        return structured, None
+        return ChatConstraint(structured, None)
     if not tools:
         raise bad_request("tool_choice needs tools", "tool_choice", "invalid_value")
     if choice == "auto":
@@ -86,8 +101,8 @@ def chat_constraint(request: ChatCompletionRequest) -> tuple[dict[str, Any] | No
         raise bad_request("response_format and a forced tool_choice cannot be combined", "response_format",
                           "invalid_value")
     if choice == "required":
-        return {"json": _required(tools)}, ToolReply(None)
+        return ChatConstraint({"json": _required(tools)}, ToolReply(None))
     name = choice.function.name
     if name not in tools:
         raise bad_request(f"tool_choice names {name!r}, which is not among the tools", "tool_choice", "invalid_value")
-    return {"json": tools[name]}, ToolReply(name)
+    return ChatConstraint({"json": tools[name]}, ToolReply(name))

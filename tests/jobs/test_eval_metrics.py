@@ -19,7 +19,8 @@ from jobs.mc_scoring import bootstrap_stderr, gold_index, score_ll_row, summariz
 from jobs.sample_metrics import majority, majority_row, pass_at_k
 from jobs.scoring import score_row, summarize_scores
 from pipeline.kind_steps import RowRejected
-from pipeline.openai_output import CHOICES_KEY, logprobs_content, openai_line
+from pipeline.openai_output import logprobs_content, openai_line
+from pipeline.result_row import OpenAIChoice, ResultRow
 
 # ---- pass@k and majority -----------------------------------------------------------------
 
@@ -166,10 +167,9 @@ def test_logprobs_content_and_choices_shape() -> None:
             {"token": "!", "logprob": -0.5, "bytes": [33]}, {"token": "?", "logprob": -1.5, "bytes": [63]}]},
     ]
     assert logprobs_content([5], entries[:1], 3, _Tok())[0]["top_logprobs"][2]["token"] == "<7>"
-    row = {"id": "r1", "output": "Hi", "finish_reason": "stop", "prompt_tokens": 5, "output_tokens": 3, CHOICES_KEY: [
-        {"index": 0, "text": "Hi", "finish_reason": "stop", "logprobs": content},
-        {"index": 1, "text": "Yo", "finish_reason": "length", "logprobs": None},
-    ]}
+    row = ResultRow(id="r1", passthrough={}, output="Hi", finish_reason="stop", prompt_tokens=5, output_tokens=3,
+                    cached_prompt_tokens=0, error=None, latency_s=0.0, content_key=None, choices=(
+                        OpenAIChoice(0, "Hi", "stop", content), OpenAIChoice(1, "Yo", "length", None)))
     body = openai_line(row, "job", "m")["response"]["body"]
     assert [c["index"] for c in body["choices"]] == [0, 1]
     assert body["choices"][0]["logprobs"] == {"content": content, "refusal": None}

@@ -228,8 +228,8 @@ def test_spooling_keeps_input_order_and_bounds_held_rows(dirs, monkeypatch) -> N
     waiting: list[int] = []
     real_add = PartSink.add
 
-    def add(self, position, row, line) -> None:
-        real_add(self, position, row, line)
+    def add(self, position, row) -> None:
+        real_add(self, position, row)
         waiting.append(len(self.rows))
 
     monkeypatch.setattr(PartSink, "add", add)
