@@ -25,6 +25,7 @@ from pin_engine import PinEngine
 import connectors.parquet_sink as parquet_sink
 import pipeline.in_flight as in_flight
 import pipeline.openai_output as openai_output
+import pipeline.row_flow as row_flow
 import pipeline.shard_driver as shard_driver
 from connectors import list_shards
 from jobs import JobSpec
@@ -187,7 +188,7 @@ def _spec(kind_fields: dict[str, Any], tmp_path: Path) -> JobSpec:
 
 def _fix_clock_and_ids(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = types.SimpleNamespace(perf_counter=lambda: 100.0, monotonic=lambda: 100.0, time=lambda: 1_700_000_000.0)
-    for module in (shard_driver, in_flight, openai_output):
+    for module in (shard_driver, in_flight, openai_output, row_flow):  # every clock a row's latency reads
         monkeypatch.setattr(module, "time", clock)
     monkeypatch.setattr(parquet_sink, "uuid", types.SimpleNamespace(uuid4=lambda: uuid.UUID(int=40)))
 
