@@ -48,7 +48,7 @@ def same_engine(a: dict[str, Any], b: dict[str, Any]) -> bool:
     def normal(settings: dict[str, Any]) -> EngineConfig | None:
         try:
             config = EngineConfig(**settings)
-        except TypeError:  # a key that is no engine setting: not ours to share
+        except (TypeError, ValueError):  # no engine setting, or a bad value: not ours to share
             return None
         model = str(config.model)
         if os.path.isdir(model):
@@ -251,6 +251,10 @@ class EngineView:
             self.mailbox.clear()
             self.lost = None
             return ids
+
+    def feed_requests(self, *args: Any, **kwargs: Any) -> None:
+        """Not through a view: a feed's callbacks run on whichever owner steps."""
+        raise TypeError(f"{self.owner}: a shared engine takes requests through add_request, not a feed")
 
     def has_unfinished(self) -> bool:
         """Its requests in the engine, outputs waiting for it, or a reset to learn of (no lock:
