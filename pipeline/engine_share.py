@@ -30,6 +30,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from engine import EngineConfig, LLMEngine, RequestOutput
+from engine.request_state import RequestState
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def same_engine(a: dict[str, Any], b: dict[str, Any]) -> bool:
     def normal(settings: dict[str, Any]) -> EngineConfig | None:
         try:
             config = EngineConfig(**settings)
-        except TypeError:  # a key that is no engine setting: not ours to share
+        except (TypeError, ValueError):  # no engine setting, or a bad value: not ours to share
             return None
         model = str(config.model)
         if os.path.isdir(model):
@@ -106,8 +107,8 @@ class _Tally:
         self.prefix_cache_hit_tokens += cached
         self.decode_tokens += sum(len(c.token_ids) for c in out.outputs)
 
-    def add_aborted(self, state: Any) -> None:
-        """What an aborted request (``engine.request_state.RequestState``) had cost so far."""
+    def add_aborted(self, state: RequestState) -> None:
+        """What an aborted request had cost so far."""
         seq = state.seqs[0]
         if seq.first_scheduled_step is not None:
             cached = seq.num_cached_prompt_tokens
@@ -238,7 +239,7 @@ class EngineView:
                 self.share._owner_of.pop(request_id, None)
                 engine = self.share.engine
                 state = engine.requests.get(request_id)
-                if state is not None:
+                if isinstance(state, RequestState):
                     self.tally.add_aborted(state)
                 engine.abort_request(request_id)
 
@@ -251,6 +252,10 @@ class EngineView:
             self.mailbox.clear()
             self.lost = None
             return ids
+
+    def feed_requests(self, *args: Any, **kwargs: Any) -> None:
+        """Not through a view: a feed's callbacks run on whichever owner steps."""
+        raise TypeError(f"{self.owner}: a shared engine takes requests through add_request, not a feed")
 
     def has_unfinished(self) -> bool:
         """Its requests in the engine, outputs waiting for it, or a reset to learn of (no lock:

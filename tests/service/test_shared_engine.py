@@ -133,6 +133,7 @@ def test_jobs_share_the_engine_only_when_their_settings_build_the_same_one(tiny_
     assert same_engine({**settings, "block_size": 16}, settings)  # a default spelled out
     assert not same_engine({**settings, "max_num_seqs": 4}, settings)
     assert not same_engine({**settings, "not_an_engine_setting": 1}, settings)
+    assert not same_engine({**settings, "block_size": 3}, settings)  # refused where the engine is built
 
 
 def test_a_job_with_other_engine_settings_gets_a_second_engine_only_then(tmp_path, tiny_model_dir, monkeypatch):
