@@ -15,6 +15,7 @@ import json
 import random
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors import safe_open
 
@@ -42,6 +43,18 @@ def test_the_gptq_checkpoint_is_read_as_group_wise_int4_with_zero_points():
     assert "GPTQModifier" in (FIXTURE / "recipe.yaml").read_text()
     scheme = checkpoint_scheme({"quantization_config": qc})
     assert scheme == QuantScheme(WeightFormat.INT4, "pack-quantized", 32, False, ("Linear",), ("lm_head",))
+
+
+def test_a_g_idx_checkpoint_is_refused_in_one_line():
+    """``actorder: group`` (older llm-compressor) stores a ``weight_g_idx`` column map the int4
+    products do not apply; it is named, not mis-read."""
+    from engine.model_errors import UnsupportedQuantization
+
+    qc = json.loads((FIXTURE / "config.json").read_text())["quantization_config"]
+    qc["config_groups"]["group_0"]["weights"]["actorder"] = "group"
+    with pytest.raises(UnsupportedQuantization, match=r"^unsupported quantization: compressed-tensors "
+                                                      r"actorder 'group' \(weight_g_idx column groups\); "):
+        checkpoint_scheme({"quantization_config": qc})
 
 
 def test_gptq_weights_decode_as_the_package_decompresses_them():
