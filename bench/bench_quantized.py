@@ -32,7 +32,16 @@ from quant_checkpoints import write_quantized  # noqa: E402
 from sysinfo import cpu_info  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
+from engine.host import cpu_flags  # noqa: E402
 from engine.model_registry import DEFAULT_MODEL, cache_dir, resolve_model  # noqa: E402
+from engine.quant.linear import exact_int8_gemm  # noqa: E402
+
+SIMD = ("avx", "vnni", "amx", "fma", "f16c")
+
+
+def simd_flags() -> dict:
+    """The CPU's vector flags and whether the int8 product ran on VNNI (``torch._int_mm``)."""
+    return {"flags": sorted(f for f in cpu_flags() if any(k in f for k in SIMD)), "int8_int_mm": exact_int8_gemm()}
 
 
 def checkpoints(int4_kind: str, group: int, fp8: bool, extra: list[str]) -> dict[str, tuple[Path, str]]:
@@ -144,7 +153,8 @@ def main() -> None:
     uniform = [[rng.randrange(3, 49152) for _ in range(args.prompt_len)] for _ in range(args.prompts)]
     few = [[rng.randrange(3, 49152) for _ in range(64)] for _ in range(args.decode_seqs)]
     blocks = args.prompts * -(-(args.prompt_len + args.out_len) // 16) + 64
-    llms, result = {}, {"command": " ".join(sys.argv), "cpu": cpu_info(), "variants": {}}
+    llms, result = {}, {"command": " ".join(sys.argv), "cpu": cpu_info() | simd_flags(), "variants": {}}
+    print("cpu", result["cpu"], flush=True)
     for name, (folder, dtype) in checkpoints(args.int4, args.group, args.fp8, args.extra).items():
         llm = llms[name] = LLM(str(folder), dtype=dtype, num_kv_blocks=blocks)
         result["variants"][name] = {"folder": str(folder), "dtype": dtype, "runs": llm.engine.quantization,
