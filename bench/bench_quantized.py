@@ -32,18 +32,32 @@ from quant_checkpoints import write_quantized  # noqa: E402
 from sysinfo import cpu_info  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
+from engine.host import cpu_flags  # noqa: E402
 from engine.model_registry import DEFAULT_MODEL, cache_dir, resolve_model  # noqa: E402
+from engine.quant.linear import exact_int8_gemm  # noqa: E402
+
+SIMD = ("avx", "vnni", "amx", "fma", "f16c")
 
 
-def checkpoints(int4_kind: str, group: int) -> dict[str, tuple[Path, str]]:
-    """``group``: 576 and 1536 are multiples of 32 and 64, not of llm-compressor's default 128."""
+def simd_flags() -> dict:
+    """The CPU's vector flags and whether the int8 product ran on VNNI (``torch._int_mm``)."""
+    return {"flags": sorted(f for f in cpu_flags() if any(k in f for k in SIMD)), "int8_int_mm": exact_int8_gemm()}
+
+
+def checkpoints(int4_kind: str, group: int, fp8: bool, extra: list[str]) -> dict[str, tuple[Path, str]]:
+    """``group``: 576 and 1536 are multiples of 32 and 64, not of llm-compressor's default 128.
+    ``extra``: ``NAME=FOLDER`` checkpoints made elsewhere (``bench/quant_calibrated.py``: GPTQ)."""
     src = resolve_model(DEFAULT_MODEL)
     out = {"float32": (src, "float32"), "bfloat16": (src, "bfloat16")}
-    for kind, name in (("int8", "int8-w8a8"), (int4_kind, "int4-w4a16")):
+    kinds = [("int8", "int8-w8a8"), (int4_kind, "int4-w4a16")] + ([("fp8", "fp8")] if fp8 else [])
+    for kind, name in kinds:
         folder = cache_dir() / "quantized" / f"{DEFAULT_MODEL}-{kind}-g{group}"
         if not (folder / "config.json").is_file():
             write_quantized(src, folder, kind, group)
         out[name] = (folder, "bfloat16")  # the float parts (attention, LM head) run in bfloat16
+    for item in extra:
+        name, _, folder = item.partition("=")
+        out[name] = (Path(folder).expanduser(), "bfloat16")
     return out
 
 
@@ -72,15 +86,32 @@ def timed(llm: LLM, prompts, params) -> tuple[float, int]:
     return time.perf_counter() - t, sum(len(o.token_ids) for o in outs)
 
 
-def perplexity(llm: LLM, ids: list[int], window: int = 512) -> float:
+def scored(llm: LLM, ids: list[int], window: int = 512) -> tuple[list[float], list[int]]:
+    """Each held-out token's log-probability and the model's most likely token at its position."""
     chunks = [ids[i:i + window] for i in range(0, len(ids) - 1, window) if len(ids[i:i + window]) > 1]
     outs = llm.generate(chunks, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1))
-    nll, count = 0.0, 0
+    logprobs, top1 = [], []
     for chunk, out in zip(chunks, outs, strict=True):
         for tok, pos in zip(chunk[1:], out.prompt_logprobs[1:], strict=True):
-            nll -= pos[tok].logprob
-            count += 1
-    return math.exp(nll / count)
+            logprobs.append(pos[tok].logprob)
+            top1.append(next(t for t, lp in pos.items() if lp.rank == 1))
+    return logprobs, top1
+
+
+def perplexity(llm: LLM, ids: list[int], window: int = 512) -> float:
+    logprobs, _ = scored(llm, ids, window)
+    return math.exp(-sum(logprobs) / len(logprobs))
+
+
+def quality(logprobs: list[float], top1: list[int], ref_logprobs: list[float], ref_top1: list[int]) -> dict:
+    """Perplexity, and against the float32 reference: the per-token log-likelihood difference's
+    mean with its standard error (the perplexity ratio's noise), and top-1 agreement."""
+    n = len(logprobs)
+    diff = [a - b for a, b in zip(logprobs, ref_logprobs, strict=True)]
+    mean = sum(diff) / n
+    se = math.sqrt(sum((d - mean) ** 2 for d in diff) / (n - 1) / n)
+    return {"perplexity": round(math.exp(-sum(logprobs) / n), 4), "nll_diff_vs_float32": round(-mean, 5),
+            "nll_diff_se": round(se, 5), "top1_agree_vs_float32": round(sum(a == b for a, b in zip(top1, ref_top1, strict=True)) / n, 4)}
 
 
 def matmul_ceiling(rows: int = 256) -> dict[str, float]:
@@ -114,31 +145,42 @@ def main() -> None:
     ap.add_argument("--ppl-tokens", type=int, default=2048)
     ap.add_argument("--int4", default="int4", choices=["int4", "int4-asym"], help="symmetric, or with zero points")
     ap.add_argument("--group", type=int, default=64)
+    ap.add_argument("--fp8", action="store_true", help="also an FP8 (dequantised on the CPU) checkpoint")
+    ap.add_argument("--extra", action="append", default=[], help="NAME=FOLDER: another checkpoint (e.g. GPTQ)")
     ap.add_argument("--out", default="bench/published")
     args = ap.parse_args()
     rng = random.Random(0)
     uniform = [[rng.randrange(3, 49152) for _ in range(args.prompt_len)] for _ in range(args.prompts)]
     few = [[rng.randrange(3, 49152) for _ in range(64)] for _ in range(args.decode_seqs)]
     blocks = args.prompts * -(-(args.prompt_len + args.out_len) // 16) + 64
-    llms, result = {}, {"command": " ".join(sys.argv), "cpu": cpu_info(), "variants": {}}
-    for name, (folder, dtype) in checkpoints(args.int4, args.group).items():
+    llms, result = {}, {"command": " ".join(sys.argv), "cpu": cpu_info() | simd_flags(), "variants": {}}
+    print("cpu", result["cpu"], flush=True)
+    for name, (folder, dtype) in checkpoints(args.int4, args.group, args.fp8, args.extra).items():
         llm = llms[name] = LLM(str(folder), dtype=dtype, num_kv_blocks=blocks)
         result["variants"][name] = {"folder": str(folder), "dtype": dtype, "runs": llm.engine.quantization,
                                     "weight_bytes": weight_bytes(llm), "linear_bytes": linear_bytes(llm),
                                     "uniform_s": [], "decode_s": []}
+        if (folder / "calibration.json").is_file():  # how bench/quant_calibrated.py made it
+            result["variants"][name]["calibration"] = json.loads((folder / "calibration.json").read_text())
         llm.generate(few, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))  # warm
     result["matmul_ceiling_gflops"] = matmul_ceiling()
     base = result["variants"]
+    for v in base.values():
+        v["weight_bytes_vs_float32"] = round(v["weight_bytes"] / base["float32"]["weight_bytes"], 3)
+        v["linear_bytes_vs_float32"] = round(v["linear_bytes"] / base["float32"]["linear_bytes"], 3)
     tokenizer = llms["float32"].engine.tokenizer
     ids = tokenizer(Path(args.ppl_file).read_text())["input_ids"][: args.ppl_tokens]
     result["ppl_text"] = {"file": args.ppl_file, "tokens": len(ids)}
-    for name, llm in llms.items():  # quality first: it survives a run cut short
-        base[name]["perplexity"] = round(perplexity(llm, ids), 4)
+    scores = {name: scored(llm, ids) for name, llm in llms.items()}  # quality first: it survives a run cut short
+    for name, (logprobs, top1) in scores.items():
+        base[name].update(quality(logprobs, top1, *scores["float32"]))
     for v in base.values():
         v["ppl_vs_own_float"] = round(v["perplexity"] / base["float32"]["perplexity"] - 1, 4)
     out = Path(args.out) / f"quantization-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=1))
-    print("perplexity", {k: v["perplexity"] for k, v in base.items()}, flush=True)
+    print(json.dumps({k: {kk: v.get(kk) for kk in ("runs", "perplexity", "ppl_vs_own_float", "nll_diff_se",
+                                                     "top1_agree_vs_float32", "weight_bytes_vs_float32")}
+                      for k, v in base.items()}, indent=1), flush=True)
     names = list(llms)
     flops = args.prompts * (args.prompt_len + args.out_len) * 0.27e9
     result["uniform_gflop"] = round(flops / 1e9, 1)
@@ -157,8 +199,6 @@ def main() -> None:
             v["decode_out_tok_s"] = round(args.decode_seqs * args.decode_tokens / statistics.median(v["decode_s"]), 1)
             v["speed_vs_bfloat16"] = round(base["bfloat16"]["uniform_median_s"] / v["uniform_median_s"], 3)
             v["decode_vs_bfloat16"] = round(statistics.median(base["bfloat16"]["decode_s"]) / statistics.median(v["decode_s"]), 3)
-            v["weight_bytes_vs_float32"] = round(v["weight_bytes"] / base["float32"]["weight_bytes"], 3)
-            v["linear_bytes_vs_float32"] = round(v["linear_bytes"] / base["float32"]["linear_bytes"], 3)
             v["uniform_gflops"] = round(flops / v["uniform_median_s"] / 1e9, 1)
         result["rounds_done"] = r + 1
         out.write_text(json.dumps(result, indent=1))  # after every round: a cut run keeps what it has

@@ -88,6 +88,8 @@ def checkpoint_scheme(config) -> QuantScheme | None:
         raise _refuse(f"compressed-tensors targets {list(targets)} (only ['Linear'])")
     if group.get("output_activations"):
         raise _refuse("compressed-tensors output_activations")
+    if w.get("actorder") in ("group", "dynamic"):  # "weight"/"static" leave the plain layout
+        raise _refuse(f"compressed-tensors actorder {w['actorder']!r} (weight_g_idx column groups)")
     bits, wtype, strategy = w.get("num_bits"), w.get("type"), w.get("strategy")
     sym, ignore = bool(w.get("symmetric", True)), tuple(qc.get("ignore") or ())
     if fmt == "float-quantized" and wtype == "float" and bits == 8 and strategy in ("channel", "tensor"):
