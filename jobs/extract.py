@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.openai_merge import merge_if_requested
-from pipeline.kind_steps import RowRejected
+from pipeline.kind_stages import RowRejected
 
 _SCALARS = {"string": "string", "integer": "int64", "number": "float64", "boolean": "bool"}
 

@@ -23,22 +23,16 @@ from typing import Any
 import pyarrow as pa
 
 from connectors import ShardRef, list_part_sizes, read_part_if_any, read_part_lines
-from pipeline.embed_requests import EMBEDDING_COLUMN
 from pipeline.openai_output import CHOICES_KEY, choices_of_line
 from pipeline.output_columns import COMPUTED_COLUMNS
-from pipeline.plan import JobPlan, RequestMode
+from pipeline.plan import JobPlan
 
 log = logging.getLogger(__name__)
 
-# Each request mode's own columns (``pipeline.row_requests``): with the computed columns, all a
-# finished row's values; the kind's row step derives the rest (a score) from them again.
-_MODE_COLUMNS = {
-    RequestMode.GENERATE: ("samples", "sample_finish_reasons"),  # with n samples
-    RequestMode.LOGLIKELIHOOD: ("choice_logprobs", "choice_tokens"),
-    RequestMode.PERPLEXITY: ("nll", "tokens", "perplexity"),
-    RequestMode.TOKENS: ("logprob", "is_greedy"),
-    RequestMode.EMBED: (EMBEDDING_COLUMN,),
-}
+# A generation's own columns, with n samples (``pipeline.row_requests``); a kind's request shape
+# names its own. With the computed columns, all a finished row's values; the kind's row stage
+# derives the rest (a score) from them again.
+_GENERATED_COLUMNS = ("samples", "sample_finish_reasons")
 _CHOICES_JSON = "_openai_choices_json"  # a taken row's OpenAI choices, read from the part's lines
 # The output-wide lookup reads every part's computed columns once a run: a bound on its memory.
 OUTPUT_ROWS_BYTES = 256 * 2**20
@@ -69,7 +63,9 @@ class PreviousRows:
 
 def _columns(plan: JobPlan) -> list[str]:
     """The columns a taken row needs (with the OpenAI lines' choices when the plan writes them)."""
-    columns = [*COMPUTED_COLUMNS, *(c for c in _MODE_COLUMNS[plan.request_mode] if c in plan.extra_columns)]
+    shape = plan.kind_stages().request_shape(plan)
+    own = _GENERATED_COLUMNS if shape is None else shape.columns
+    columns = [*COMPUTED_COLUMNS, *(c for c in own if c in plan.extra_columns)]
     return [*columns, _CHOICES_JSON] if plan.openai_output else columns
 
 

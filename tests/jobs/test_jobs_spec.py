@@ -162,7 +162,7 @@ def test_to_plan_summarize() -> None:
     assert plan.sampling["max_tokens"] == 40 and plan.sampling["stop"] == ["\n\n"] and plan.sampling["temperature"] == 0
     assert plan.prompt.user_template == "Title: {title}\n{body}" and plan.prompt.system.startswith("Summarize")
     assert plan.prompt.few_shot == [{"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}]
-    assert plan.truncate_prompt and not plan.openai_output and plan.steps().row_step(plan) is None
+    assert plan.truncate_prompt and not plan.openai_output and plan.kind_stages().row_stage(plan) is None
     assert JobPlan.from_dict(plan.to_dict()) == plan  # JSON-safe round trip
     assert spec.to_plan(plan.job_id, read_only=True) == plan  # what status builds: the same plan
     # engine settings left unset are not sent: the worker's engine defaults apply
@@ -192,9 +192,9 @@ def test_model_and_sampling_tables_follow_the_engine() -> None:
 def test_to_plan_evaluate_and_generate() -> None:
     evaluate = JobSpec.from_dict(spec_data(kind="evaluate", evaluate={"method": "choice", "reference_field": "gold"}))
     plan = evaluate.to_plan("e")
-    kind = plan.steps()
-    assert (kind.row_step(plan).name, kind.summary_step(plan).name) == ("jobs.scoring:score_row", "jobs.scoring:summarize_scores")
-    assert plan.hook_options == {"reference_field": "gold", "method": "choice", "pattern": None}
+    kind = plan.kind_stages()
+    assert (kind.row_stage(plan).name, kind.summary_stage(plan).name) == ("jobs.scoring:score_row", "jobs.scoring:summarize_scores")
+    assert plan.stage_options == {"reference_field": "gold", "method": "choice", "pattern": None}
     assert plan.extra_columns == {"reference": "string", "prediction": "string", "correct": "bool", "score": "float64"}
     assert "letter" in plan.prompt.system
     generate = JobSpec.from_dict(spec_data(kind="generate", prompt={"prompt_field": "q"}))
