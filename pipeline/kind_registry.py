@@ -37,6 +37,6 @@ def plan_kind(name: str) -> KindStages:
         finder(name)
     kind = KINDS.get(name)
     if kind is None:
-        known = ", ".join(KINDS) or "none registered (import jobs.kinds)"
+        known = ", ".join(KINDS) or "none registered"
         raise ValueError(f"unknown job kind {name!r}: expected one of {known}")
     return kind()

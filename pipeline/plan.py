@@ -21,7 +21,8 @@ _OUTPUT_FIELDS = (
 )
 # Fields renamed since parts were first fingerprinted: hashed under their first name, so parts stay current.
 _FINGERPRINT_NAMES = {"stage_options": "hook_options"}
-# The request mode of a plan whose rows are one generation each (the engine's own request).
+# The request mode of a plan whose rows are one generation each (the engine's own request; a
+# kind names its other modes and their shapes, pipeline.kind_stages).
 DEFAULT_REQUEST_MODE = "generate"
 # Also shaping, but only counted when set, so plans that do not use them keep their fingerprints.
 _OPTIONAL_OUTPUT_FIELDS = {"request_mode": DEFAULT_REQUEST_MODE, "mode_options": {}, "sampling_field": None}
@@ -50,7 +51,7 @@ class PromptPlan:
     system: str = ""
     user_template: str = "{text}"
     few_shot: list[dict[str, str]] = field(default_factory=list)  # [{"role": ..., "content": ...}]
-    prompt_field: str | None = None  # "generate" kind: the row's column is the whole user turn
+    prompt_field: str | None = None  # the row's column is the whole user turn, sent as written
     messages_field: str | None = None  # OpenAI batch input: the row carries its own messages
     raw_prompt: bool = False  # OpenAI /v1/completions: the last turn's text is the whole prompt, no template
 

@@ -7,8 +7,8 @@ A row not in its own shard's previous part is looked up in every part of the out
 the output's parts weigh at most ``OUTPUT_ROWS_BYTES`` (their computed columns are held in
 memory for the run; a larger output looks in the shard's own part only).
 
-Only whole results are taken: every request mode's (generate, scoring, perplexity, token
-requests: the mode's columns are in the part), with an OpenAI line's choices read back from
+Only whole results are taken: every request shape's (a generation, or a kind's
+shape: its columns are in the part), with an OpenAI line's choices read back from
 the part's ``.jsonl`` lines when the plan writes them (only lines whose SHA-256 the part's
 footer names, one a row), and rows without an error (an error may be transient, and a row
 step's error is the step's to make again).
