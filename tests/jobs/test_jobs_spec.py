@@ -40,7 +40,7 @@ def errors_of(data: dict[str, Any]) -> list[str]:
         ({"input": {"txt_field": "body"}}, "input.txt_field: unknown field; did you mean 'text_field'?"),
         ({"sampling": {"max_token": 5}}, "sampling.max_token: unknown field; did you mean 'max_tokens'?"),
         ({"nmae": "x"}, "nmae: unknown field; did you mean 'name'?"),
-        ({"kind": "summarise"}, "kind: Input should be 'summarize', 'embed', 'evaluate', 'extract', 'generate', 'harness_requests', 'openai_batch' or 'perplexity'"),
+        ({"kind": "summarise"}, "kind: Input should be " + ", ".join(map(repr, KIND_NAMES[:-1])) + f" or {KIND_NAMES[-1]!r}"),
         ({"prompt": {"template": "{document.__class__}"}},
          "prompt.template: field '{document.__class__}' is not a plain field name"),
         ({"prompt": {"template": "{0.__init__}"}}, "prompt.template: field '{0.__init__}' is not a plain field name"),
