@@ -1,7 +1,7 @@
-"""A record's output row: the fixed columns, the request's values, then the kind's row stage.
+"""A record's output row: the fixed columns, the request's values, then the kind's row step.
 
 Every read row gets exactly one output row (rows in == rows out), whether it produced
-text, was refused, or broke its kind's row stage; this is where that row takes its final shape, and
+text, was refused, or broke its kind's row step; this is where that row takes its final shape, and
 where its OpenAI batch line is made when the plan writes them.
 """
 
@@ -20,11 +20,11 @@ from pipeline.plan import JobPlan
 
 
 class ResultRows:
-    """Per plan: ``build`` a record's row from its values, ``finish`` it (row stage, OpenAI line)."""
+    """Per plan: ``build`` a record's row from its values, ``finish`` it (row step, OpenAI line)."""
 
     def __init__(self, plan: JobPlan, schema: pa.Schema) -> None:
         self.plan = plan
-        self.stage = plan.kind_stages().row_stage(plan)
+        self.step = plan.kind_stages().row_stage(plan)
         self.extra_types = {f.name: f.type for f in schema if f.name in plan.extra_columns}
         self.model = str(plan.engine_settings.get("model", ""))
 
@@ -44,17 +44,17 @@ class ResultRows:
         return row
 
     def finish(self, record: Record, row: dict[str, Any]) -> dict[str, Any] | None:
-        """Run the kind's row stage on ``row`` (in place); returns the row's OpenAI line, if the plan writes them."""
-        line = self._apply_stage(row, record) if self.stage is not None else None
+        """Run the kind's row step on ``row`` (in place); returns the row's OpenAI line, if the plan writes them."""
+        line = self._apply_step(row, record) if self.step is not None else None
         if not self.plan.openai_output:
             return None
         return line or openai_line(row, self.plan.job_id, self.model, completion=self.plan.prompt.raw_prompt)
 
-    def _apply_stage(self, row: dict[str, Any], record: Record) -> dict[str, Any] | None:
-        """Fill extra columns from the row stage; a failing stage turns the row into an error row."""
-        assert self.stage is not None
+    def _apply_step(self, row: dict[str, Any], record: Record) -> dict[str, Any] | None:
+        """Fill extra columns from the row step; a failing step turns the row into an error row."""
+        assert self.step is not None
         try:
-            extra = self.stage.run(dict(row), dict(record.fields), dict(self.plan.stage_options)) or {}
+            extra = self.step.run(dict(row), dict(record.fields), dict(self.plan.stage_options)) or {}
             if not isinstance(extra, dict):
                 raise TypeError(f"returned {type(extra).__name__}, expected a dict")
             values = {}
@@ -71,7 +71,7 @@ class ResultRows:
             if isinstance(exc, RowRejected):  # the kind's own verdict on the output, worded for users
                 message = str(exc)
             else:
-                message = f"row hook {self.stage.name} failed: {type(exc).__name__}: {exc}"
+                message = f"row hook {self.step.name} failed: {type(exc).__name__}: {exc}"
             row["error"] = f"{row['error']}; {message}" if row["error"] else f"row {record.row_number}: {message}"
             row["finish_reason"] = row["finish_reason"] or "error"
             return None
