@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 _HOMES = {"JobSpec": "jobs.spec", "SpecFileError": "jobs.spec", **dict.fromkeys(
     ("cancel", "load", "run", "status", "submit", "wait"), "jobs.api")}
 
+# Installs the kinds' finder in the pipeline's registry (cheap: the kinds' modules load on first
+# use), so any process that imports jobs, a fleet worker's included, can run any kind's plan.
+from jobs import kinds as _kinds  # noqa: E402,F401
+
 __all__ = ["JobSpec", "SpecFileError", "cancel", "load", "run", "status", "submit", "wait"]
 
 

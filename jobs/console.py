@@ -49,6 +49,20 @@ def _rows(totals: dict[str, Any]) -> str:
             "current)")
 
 
+def _kind_lines(manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """The kind's own lines from the manifest's summary (none for a kind this process lacks)."""
+    from jobs.kinds import job_kind
+
+    summary = manifest.get("summary") or {}
+    if not isinstance(summary, dict):
+        return []
+    try:
+        kind = job_kind(manifest.get("kind", ""))
+    except ValueError:
+        return []
+    return kind.console_lines(summary) if hasattr(kind, "console_lines") else []
+
+
 def run_summary(manifest: dict[str, Any]) -> Table:
     totals, stats = manifest["totals"], manifest.get("engine_stats") or {}
     table = Table(title=f"{manifest['name']} ({manifest['kind']})", show_header=False, title_justify="left")
@@ -66,17 +80,8 @@ def run_summary(manifest: dict[str, Any]) -> Table:
     table.add_row("KV peak use", f"{stats.get('kv_peak_usage', 0.0):.0%}")
     table.add_row("prefix hit tokens", f"{stats.get('prefix_cache_hit_tokens', 0):,}")
     table.add_row("elapsed", f"{stats.get('elapsed_s', 0.0):.1f}s")
-    summary = manifest.get("summary") or {}
-    if summary.get("accuracy") is not None:
-        table.add_row("accuracy", f"{summary['accuracy']:.1%} ({summary['correct']}/{summary['scored']} scored)")
-    if summary.get("acc_norm") is not None:
-        table.add_row("acc_norm", f"{summary['acc_norm']:.1%} (± {summary.get('acc_norm_stderr')} bootstrap s.e.)")
-    if summary.get("pass_at_k"):
-        table.add_row("pass@k", ", ".join(f"pass@{k} {v:.1%}" for k, v in summary["pass_at_k"].items()))
-    if summary.get("perplexity") is not None:
-        table.add_row("corpus perplexity", f"{summary['perplexity']:.3f} ({summary['tokens']:,} tokens)")
-    if summary.get("valid") is not None:
-        table.add_row("valid outputs", f"{summary['valid']}/{summary['rows']}")
+    for label, value in _kind_lines(manifest):
+        table.add_row(label, value)
     for shard in manifest.get("shards", []):
         if shard["status"] == "failed":
             table.add_row(f"shard {shard['index']} failed", f"[red]{shard.get('reason')}[/]")

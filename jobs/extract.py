@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.openai_merge import merge_if_requested
-from pipeline.kind_steps import RowRejected
+from pipeline.kind_stages import RowRejected
 
 _SCALARS = {"string": "string", "integer": "int64", "number": "float64", "boolean": "bool"}
 
@@ -51,7 +51,7 @@ def _column_value(value: Any, kind: str) -> Any:
 
 
 def extract_row(row: dict[str, Any], record_fields: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
-    """Row step: parse and validate the output; one value per property column."""
+    """Row stage: parse and validate the output; one value per property column."""
     if row.get("error"):
         return {}
     text = row.get("output") or ""
@@ -68,7 +68,7 @@ def extract_row(row: dict[str, Any], record_fields: dict[str, Any], options: dic
 
 
 def summarize_extract(table: pa.Table, options: dict[str, Any]) -> dict[str, Any]:
-    """Summary step: how many rows gave valid output."""
+    """Summary stage: how many rows gave valid output."""
     rows = table.num_rows
     valid = len(table.filter(pc.is_null(table.column("error")))) if rows else 0
     summary: dict[str, Any] = {"rows": rows, "valid": valid, "errors": rows - valid,

@@ -1,4 +1,4 @@
-"""Multiple choice by log-likelihood: the ``evaluate`` kind's steps for ``method = "loglikelihood"``.
+"""Multiple choice by log-likelihood: the ``evaluate`` kind's stages for ``method = "loglikelihood"``.
 
 The pipeline fills ``choice_logprobs`` (per choice, the summed logprob of its continuation
 given the context; ``pipeline.loglikelihood``). Here each row gets its prediction two ways,
@@ -50,7 +50,7 @@ def _choices(record_fields: dict[str, Any], name: str) -> list[str]:
 
 
 def score_ll_row(row: dict[str, Any], record_fields: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
-    """Row step: gold, pred, pred_norm, correct, correct_norm from the row's choice log-likelihoods."""
+    """Row stage: gold, pred, pred_norm, correct, correct_norm from the row's choice log-likelihoods."""
     name = options.get("reference_field", "answer")
     reference = record_fields.get(name)
     if reference is None or reference == "":
@@ -80,7 +80,7 @@ def bootstrap_stderr(values: np.ndarray, iters: int, seed: int = BOOTSTRAP_SEED)
 
 
 def summarize_ll(table: pa.Table, options: dict[str, Any]) -> dict[str, Any]:
-    """Summary step: acc and acc_norm with bootstrap standard errors (the report reads ``accuracy``)."""
+    """Summary stage: acc and acc_norm with bootstrap standard errors (the report reads ``accuracy``)."""
     rows = table.num_rows
     correct = [v for v in table.column("correct").to_pylist()] if rows else []
     norm = [v for v in table.column("correct_norm").to_pylist()] if rows else []

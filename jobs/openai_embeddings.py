@@ -95,7 +95,7 @@ def embedding_row(custom_id: str, body: dict[str, Any]) -> RequestLine:
 
 
 def embedding_line(row: dict[str, Any], fields: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
-    """Row step of an embeddings batch: the row's output line, an ``embeddings`` list body."""
+    """Row stage of an embeddings batch: the row's output line, an ``embeddings`` list body."""
     if row.get("error") or row.get("embedding") is None:
         return {}  # the pipeline's own error line
     vector = np.asarray(row["embedding"], np.float32)

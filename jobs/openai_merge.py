@@ -2,7 +2,7 @@
 
 The pipeline has each part's lines written next to it (``connectors.part_lines``: parts
 are written by different workers and must stay idempotent); the OpenAI batch API hands
-back one file. The join runs in the job's summary step, which both the embedded runner
+back one file. The join runs in the job's summary stage, which both the embedded runner
 and the fleet's finalizer call once every part is written. It takes the parts of this job's done and
 skipped shards (``pipeline.summary.OUTPUT_KEY``), never whatever ``part-*.jsonl`` the
 folder holds: a part left from an input that is gone must not add its lines.
@@ -48,5 +48,5 @@ def merge_if_requested(options: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def merge_summary(table: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """Summary step of kinds without their own: just the join (and its counts)."""
+    """Summary stage of kinds without their own: just the join (and its counts)."""
     return {"openai_output": merge_if_requested(options)}

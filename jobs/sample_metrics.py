@@ -40,7 +40,7 @@ GENERATE_SAMPLE_COLUMNS = {"samples": "list<string>", "sample_finish_reasons": "
 
 
 def majority_row(row: dict[str, Any], record_fields: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
-    """Row step of ``generate`` with n samples: the majority answer (first sample whose
+    """Row stage of ``generate`` with n samples: the majority answer (first sample whose
     normalised text is the most frequent; normalised as the ``exact`` scoring method does)."""
     samples = row.get("samples")
     if row.get("error") or not samples:

@@ -1,4 +1,4 @@
-"""Scoring model answers against references: the ``evaluate`` kind's row and summary steps.
+"""Scoring model answers against references: the ``evaluate`` kind's row and summary stages.
 
 The pipeline calls ``score_row`` for every finished row (on the worker, so scores land in
 the Parquet parts) and ``summarize_scores`` once over the small columns of all parts (the
@@ -102,7 +102,7 @@ def _reference_text(reference: Any) -> str:
 
 
 def score_row(row: dict[str, Any], record_fields: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
-    """Row step: reference, prediction, correct, score. Rows that failed are not scored;
+    """Row stage: reference, prediction, correct, score. Rows that failed are not scored;
     a missing reference makes the row an error row (the pipeline reports the exception)."""
     name = options.get("reference_field", "answer")
     reference = record_fields.get(name)
@@ -151,7 +151,7 @@ def _count(column: pa.ChunkedArray, value: Any = None) -> int:
 
 
 def summarize_scores(table: pa.Table, options: dict[str, Any]) -> dict[str, Any]:
-    """Summary step: accuracy and counts over all parts; per-reference accuracy when few labels."""
+    """Summary stage: accuracy and counts over all parts; per-reference accuracy when few labels."""
     rows = table.num_rows
     errors = _count(table.column("error")) if rows else 0
     correct_col = table.column("correct")

@@ -1,5 +1,6 @@
 """The tables of a job spec (``[input]``, ``[output]``, ``[prompt]``, ...), one pydantic model each
-(``[model]`` and ``[sampling]``, derived from the engine's settings, are in ``jobs.engine_sections``).
+(``[model]`` and ``[sampling]``, derived from the engine's settings, are in ``jobs.engine_sections``;
+a kind's own table is its ``Options`` model, in its module under ``jobs/kinds/``).
 
 Every table forbids unknown keys: a typo (``txt_field``) must fail loudly and name itself
 instead of silently falling back to a default. Relative local paths are resolved against
@@ -11,14 +12,17 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from jobs.secrets import protect
 from pipeline.plan import DEFAULT_CHECKPOINT_ROWS, DEFAULT_CHECKPOINT_SECONDS, DEFAULT_MAX_ERROR_FRACTION
 from pipeline.prompts import TemplateError, validate_template
 
+# The formats every kind reads (``connectors.shard_rows``); a kind may add one only it reads.
+READ_FORMATS = ("jsonl", "parquet", "csv")
 _DOTDOT = re.compile(r"(^|[/\\])(\.\.|%2e%2e)([/\\]|$)", re.IGNORECASE)
 
 
@@ -46,7 +50,7 @@ class Section(BaseModel):
 class InputSection(Section):
     url: str = Field(min_length=1, description="file, directory/prefix or glob; relative paths: from the spec's folder")
     glob: str | None = Field(None, description="appended to url, e.g. '*.jsonl'")
-    format: Literal["jsonl", "parquet", "csv", "openai_batch"] | None = None
+    format: str | None = Field(None, description="jsonl, parquet, csv, or a kind's own (default: from the file names)")
     id_field: str | None = None
     text_field: str = Field("text", min_length=1)
     passthrough: list[str] = Field(default_factory=list, description="input columns copied to the output")
@@ -61,6 +65,18 @@ class InputSection(Section):
     @classmethod
     def _resolve(cls, url: str, info: ValidationInfo) -> str:
         return resolve_local(url, info)
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, name: str | None) -> str | None:
+        """The read formats, and those a kind reads itself (worded as a Literal's error, as before)."""
+        from jobs.kinds import all_kinds
+
+        known = [*READ_FORMATS, *(k.input_format for k in all_kinds() if k.input_format)]
+        if name is not None and name not in known:
+            expected = ", ".join(repr(k) for k in known[:-1]) + f" or {known[-1]!r}"
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+        return name
 
     @field_validator("storage_options")
     @classmethod
@@ -77,7 +93,7 @@ class InputSection(Section):
 class OutputSection(Section):
     url: str = Field(min_length=1, description="where parts and the manifest go; relative: from the spec's folder")
     openai_format: bool | None = Field(
-        None, description="also write OpenAI batch output lines (default: on for kind openai_batch)"
+        None, description="also write OpenAI batch output lines (default: the kind's)"
     )
     storage_options: dict[str, Any] | None = Field(
         None, description="fsspec options of the output store (default: the input's); credentials redacted"
@@ -94,8 +110,7 @@ class OutputSection(Section):
     max_error_fraction: float | None = Field(
         None, ge=0, le=1,
         description=f"fail the job when more than this fraction of its rows are errors (default "
-                    f"{DEFAULT_MAX_ERROR_FRACTION}; 1 for kinds openai_batch and harness_requests, whose callers read "
-                    f"each row's error)",
+                    f"{DEFAULT_MAX_ERROR_FRACTION}; 1 for the kinds whose callers read each row's error)",
     )
     max_error_rows: int | None = Field(None, ge=0, description="... or more than this many (default: no count limit)")
 
@@ -122,7 +137,7 @@ class FewShot(Section):
 class PromptSection(Section):
     system: str | None = Field(None, description="the shared instruction (default: the kind's)")
     template: str | None = Field(None, description="user turn with {field} placeholders (default: '{<text_field>}')")
-    prompt_field: str | None = Field(None, description="kind 'generate': the column holding the whole user turn")
+    prompt_field: str | None = Field(None, description="the column holding the whole user turn, sent as written")
     few_shot: list[FewShot] = Field(default_factory=list)
 
     @field_validator("template")
@@ -134,73 +149,3 @@ class PromptSection(Section):
             except TemplateError as exc:
                 raise ValueError(str(exc).removeprefix("prompt template: ")) from None
         return template
-
-
-class EvaluateSection(Section):
-    reference_field: str = Field("answer", min_length=1, description="input column with the expected answer")
-    method: Literal["exact", "choice", "contains", "regex", "loglikelihood"] = "exact"
-    pattern: str | None = Field(None, description="method 'regex': extracts the answer (group 1, or the match)")
-    choices_field: str = Field("choices", min_length=1, description="method 'loglikelihood': the list of choices")
-    chat_template: bool = Field(True, description="method 'loglikelihood': context in the chat template, else text")
-    target_delimiter: str | None = Field(
-        None, description="method 'loglikelihood': between context and choice (default '' in chat, ' ' in text)"
-    )
-    bootstrap_iters: int = Field(1000, ge=10, le=100_000, description="resamples for the standard errors")
-    pass_k: list[int] = Field(default_factory=list, description="with sampling.n > 1: k values (default [1, n])")
-
-    @field_validator("pass_k")
-    @classmethod
-    def _positive(cls, ks: list[int]) -> list[int]:
-        if any(k < 1 for k in ks):
-            raise ValueError("k values must be >= 1")
-        return ks
-
-    @field_validator("pattern")
-    @classmethod
-    def _compiles_pattern(cls, pattern: str | None) -> str | None:
-        if pattern is not None:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"not a valid regular expression: {exc}") from None
-        return pattern
-
-
-class ExtractSection(Section):
-    """Kind ``extract``: a JSON schema (inline, or a file) whose top-level properties become columns."""
-
-    model_config = ConfigDict(extra="forbid", validate_default=True, populate_by_name=True)
-
-    json_schema: dict[str, Any] | None = Field(None, alias="schema", description="the JSON schema, inline")
-    schema_file: str | None = Field(None, description="a .json file holding the schema; relative: from the spec")
-
-    @field_validator("schema_file")
-    @classmethod
-    def _resolve(cls, path: str | None, info: ValidationInfo) -> str | None:
-        return resolve_local(path, info) if path else path
-
-    def load_schema(self) -> dict[str, Any]:
-        """The schema, checked: a valid JSON schema of an object with properties."""
-        import json
-
-        import jsonschema
-
-        if (self.json_schema is None) == (self.schema_file is None):
-            raise ValueError("extract: give exactly one of extract.schema and extract.schema_file")
-        schema, where = self.json_schema, "extract.schema"
-        if schema is None:
-            where = "extract.schema_file"
-            try:
-                with open(str(self.schema_file), encoding="utf-8") as f:
-                    schema = json.load(f)
-            except OSError as exc:
-                raise ValueError(f"{where}: cannot read {self.schema_file}: {exc.strerror or exc}") from None
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: not JSON: {exc}") from None
-        try:
-            jsonschema.Draft202012Validator.check_schema(schema)
-        except jsonschema.SchemaError as exc:
-            raise ValueError(f"{where}: not a valid JSON schema: {exc.message}") from None
-        if schema.get("type") != "object" or not isinstance(schema.get("properties"), dict) or not schema["properties"]:
-            raise ValueError(f"{where}: must describe an object (type 'object') with properties")
-        return schema

@@ -4,11 +4,12 @@ The spec is validated completely when it is loaded, before anything runs: unknow
 bad values, unsafe templates, bad schedules and cross-field mistakes all fail with the
 offending field's path, so a typo costs seconds instead of a half-processed bucket.
 ``to_plan`` turns it into the JSON-safe ``pipeline.plan.JobPlan`` that workers execute.
+The spec names no kind: ``kind`` is one of ``jobs.kinds.KIND_NAMES``, and each kind with
+options adds its table (``[<kind>]``, typed by the kind's ``Options``) from the registry.
 
-Example (see ``examples/`` for one per kind)::
+Example (the default kind; see ``examples/`` for one per kind)::
 
     name = "news-summaries"
-    kind = "summarize"
     [input]
     url = "s3://bucket/news/"
     text_field = "body"
@@ -25,37 +26,46 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, create_model, field_validator, model_validator
 
 from jobs.engine_sections import ModelSection, SamplingSection
-from jobs.kinds import KindName, job_kind
-from jobs.kinds.embed import EmbedSection
+from jobs.kinds import DEFAULT_KIND, KindName, all_kinds, job_kind
 from jobs.schedule import Schedule, parse_schedule
 from jobs.secrets import reveal
-from jobs.sections import EvaluateSection, ExtractSection, InputSection, OutputSection, PromptSection, Section
+from jobs.sections import InputSection, OutputSection, PromptSection, Section
 from pipeline.output_columns import RESERVED_COLUMNS  # passthrough fields must not reuse these
 from pipeline.plan import DEFAULT_MAX_ERROR_FRACTION, JobPlan
-
-# Kinds whose callers read each row's error themselves (an OpenAI batch's error file, lm-eval's
-# requests): no error budget unless the spec sets one.
-ERRORS_ARE_RESULTS = ("openai_batch", "harness_requests")
 
 
 class SpecFileError(ValueError):
     """The spec file cannot be read or parsed (before any field is validated)."""
 
 
-class JobSpec(Section):
+class _SpecHead(Section):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="letters, digits, '.', '_', '-'")
-    kind: KindName = "summarize"
+    kind: KindName = DEFAULT_KIND
     input: InputSection
     output: OutputSection
     model: ModelSection = Field(default_factory=ModelSection)
     prompt: PromptSection = Field(default_factory=PromptSection)
     sampling: SamplingSection = Field(default_factory=SamplingSection)
-    evaluate: EvaluateSection | None = None
-    extract: ExtractSection | None = None
-    embed: EmbedSection | None = None
+
+
+def _kind_tables() -> dict[str, type[BaseModel]]:
+    """Each kind's options table: named after the kind, typed by its ``Options``."""
+    tables = {kind.name: kind.Options for kind in all_kinds() if kind.Options is not None}
+    taken = set(tables) & set(_SpecHead.model_fields)
+    if taken:
+        raise RuntimeError(f"kinds {sorted(taken)} would shadow spec tables of the same name")
+    return tables
+
+
+KIND_TABLES = _kind_tables()
+_SpecTables = create_model(  # type: ignore[call-overload]
+    "_SpecTables", __base__=_SpecHead, **{name: (options | None, None) for name, options in KIND_TABLES.items()})
+
+
+class JobSpec(_SpecTables):  # type: ignore[valid-type, misc]
     schedule: str | None = Field(None, description="cron (UTC) like '0 2 * * *', or 'every 30s'")
     truncate_prompt: bool = Field(False, description="cut over-long documents instead of failing the row")
 
@@ -68,22 +78,24 @@ class JobSpec(Section):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> JobSpec:
-        if self.evaluate is not None and self.kind != "evaluate":
-            raise ValueError(f"evaluate: the [evaluate] table is only for kind 'evaluate' (kind is {self.kind!r})")
-        if self.extract is not None and self.kind != "extract":
-            raise ValueError(f"extract: the [extract] table is only for kind 'extract' (kind is {self.kind!r})")
-        if self.embed is not None and self.kind != "embed":
-            raise ValueError(f"embed: the [embed] table is only for kind 'embed' (kind is {self.kind!r})")
-        if self.sampling.n > 1 and self.kind not in ("generate", "evaluate"):
-            raise ValueError(f"sampling.n: only kinds 'generate' and 'evaluate' take n samples (kind is {self.kind!r})")
-        if self.input.format == "openai_batch" and self.kind != "openai_batch":
-            raise ValueError("input.format: 'openai_batch' input needs kind = 'openai_batch'")
+        for table in KIND_TABLES:
+            if getattr(self, table) is not None and self.kind != table:
+                raise ValueError(f"{table}: the [{table}] table is only for kind '{table}' (kind is {self.kind!r})")
+        kind = job_kind(self.kind)
+        if self.sampling.n > 1 and not kind.takes_samples:
+            # listed by name, last first: the wording this message has always had
+            takers = " and ".join(repr(k.name) for k in sorted(all_kinds(), key=lambda k: k.name, reverse=True)
+                                  if k.takes_samples)
+            raise ValueError(f"sampling.n: only kinds {takers} take n samples (kind is {self.kind!r})")
+        for other in all_kinds():
+            if other.input_format is not None and self.input.format == other.input_format and self.kind != other.name:
+                raise ValueError(f"input.format: {other.input_format!r} input needs kind = {other.name!r}")
         if self.model.name is not None and self.model.path is not None:
             raise ValueError("model.path: give model.name or model.path, not both")
         clash = sorted(RESERVED_COLUMNS & set(self.input.passthrough))
         if clash:
             raise ValueError(f"input.passthrough: {clash} clash with output columns")
-        job_kind(self.kind).check(self)
+        kind.check(self)
         return self
 
     # ---- loading ------------------------------------------------------------------------
@@ -142,14 +154,19 @@ class JobSpec(Section):
     def new_job_id(self) -> str:
         return f"{self.name}-{uuid.uuid4().hex[:8]}"
 
+    @property
+    def options(self) -> BaseModel | None:
+        """The kind's options: its table, else its defaults (None: the kind takes none)."""
+        return job_kind(self.kind).options(self)
+
     def to_plan(self, job_id: str | None = None, *, read_only: bool = False) -> JobPlan:
-        """The JobPlan workers execute. For kind ``openai_batch`` this validates and converts the
-        request file (reads the input, writes ``_requests/`` under the output); ``read_only``
-        (for status) writes nothing."""
+        """The JobPlan workers execute. A kind may read its input here (an OpenAI batch request
+        file is validated and converted, written under the output); ``read_only`` (for status)
+        writes nothing."""
         kind = job_kind(self.kind)
         openai_output = self.output.openai_format
         if openai_output is None:
-            openai_output = self.kind == "openai_batch"
+            openai_output = kind.openai_output
         storage_options = reveal(self.input.storage_options)
         values: dict[str, Any] = dict(
             job_id=job_id or self.new_job_id(),
@@ -171,12 +188,12 @@ class JobSpec(Section):
             checkpoint_rows=self.output.checkpoint_rows,
             checkpoint_seconds=self.output.checkpoint_seconds,
             max_error_fraction=self.output.max_error_fraction if self.output.max_error_fraction is not None
-            else 1.0 if self.kind in ERRORS_ARE_RESULTS else DEFAULT_MAX_ERROR_FRACTION,
+            else 1.0 if kind.errors_are_results else DEFAULT_MAX_ERROR_FRACTION,
             max_error_rows=self.output.max_error_rows,
         )
         values.update(kind.plan_fields(self, read_only=read_only))
         if openai_output:
             from jobs.openai_merge import merge_options
 
-            values["hook_options"] = {**values.get("hook_options", {}), **merge_options()}
+            values["stage_options"] = {**values.get("stage_options", {}), **merge_options()}
         return JobPlan(**values)

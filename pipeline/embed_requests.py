@@ -1,4 +1,4 @@
-"""The ``embed`` request mode: a row's text becomes one embedding request, and its vector the
+"""A request shape (``pipeline.kind_stages``): a row's text becomes one embedding request, and its vector the
 row's ``embedding`` column (Arrow ``fixed_size_list<float32>[dimensions]``).
 
 The text is the rendered user turn (the document itself, or ``prompt.template`` filled from
@@ -10,13 +10,14 @@ documents are data. Options (``plan.mode_options``): ``pooling``, ``normalize``,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from engine import PoolingParams
 from pipeline.plan import JobPlan
 from pipeline.sub_requests import RowGroup, RowInputError, SubRequest
 
 if TYPE_CHECKING:
+    from pipeline.kind_stages import RowParams
     from pipeline.shard_engine import PromptEngine
 
 EMBEDDING_COLUMN = "embedding"
@@ -30,7 +31,9 @@ def vector_type(dimensions: int) -> str:
 class EmbedRequests:
     """``build``: the row's one embedding request; ``values``: its vector as the row's column."""
 
-    def __init__(self, plan: JobPlan, engine: PromptEngine) -> None:
+    columns: ClassVar[tuple[str, ...]] = (EMBEDDING_COLUMN,)
+
+    def __init__(self, plan: JobPlan, engine: PromptEngine, row_params: RowParams | None = None) -> None:
         self.plan = plan
         self.engine = engine
         options = plan.mode_options

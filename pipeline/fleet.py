@@ -64,7 +64,7 @@ def check_no_secrets(plan: JobPlan) -> None:
     found = literal_credentials(plan.storage_options, "input.storage_options")
     if plan.output_storage_options is not None:
         found += literal_credentials(plan.output_storage_options, "output.storage_options")
-    found += literal_credentials(plan.hook_options, "hook_options")
+    found += literal_credentials(plan.stage_options, "stage_options")
     if found:
         raise CredentialError(
             f"{', '.join(found)}: a credential in the spec would travel to the workers through the broker; "

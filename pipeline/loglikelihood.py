@@ -1,4 +1,4 @@
-"""Scoring text instead of generating it: log-likelihood of answer choices, and perplexity.
+"""Scoring text instead of generating it: log-likelihood of answer choices, and of a whole document.
 
 Log-likelihood (multiple choice, as lm-evaluation-harness does it): for each choice the
 request is context tokens + continuation tokens, where the continuation tokens are the
@@ -8,23 +8,24 @@ length, so the engine computes logprobs only for the continuation and the prefix
 serve the context: the choices of a row are admitted together and share its KV blocks.
 The choice's score is the sum of its continuation tokens' logprobs.
 
-Perplexity: the document's tokens behind one prefix token (BOS, else EOS, as lm-eval's
-rolling log-likelihood does), so every token of the document is scored; the row holds
-the summed negative log-likelihood and the number of tokens.
+A document: its tokens behind one prefix token (BOS, else EOS, as lm-eval's rolling
+log-likelihood does), so every token of the document is scored; the row holds the summed
+negative log-likelihood and the number of tokens. Two request shapes (``pipeline.kind_stages``):
+``ChoiceScoring`` and ``DocumentScoring``.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from engine import SamplingParams
 from engine.chat import special_token_strings
-from pipeline.plan import JobPlan, RequestMode
+from pipeline.plan import JobPlan
 from pipeline.sub_requests import RowGroup, RowInputError, SubRequest
 
 if TYPE_CHECKING:
+    from pipeline.kind_stages import RowParams
     from pipeline.shard_engine import PromptEngine
 
 
@@ -48,10 +49,17 @@ def parse_choices(value: Any, field: str, row: int) -> list[str]:
     return value
 
 
-class Scorer:
-    """The ``loglikelihood`` and ``perplexity`` request modes."""
+def _params(start: int) -> SamplingParams:
+    return SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, prompt_logprobs_start=start)
 
-    def __init__(self, plan: JobPlan, engine: PromptEngine) -> None:
+
+class ChoiceScoring:
+    """One request per answer choice (``mode_options``: ``choices_field``, ``chat_template``,
+    ``target_delimiter``); the best-scored choice is the row's ``output``."""
+
+    columns: ClassVar[tuple[str, ...]] = ("choice_logprobs", "choice_tokens")
+
+    def __init__(self, plan: JobPlan, engine: PromptEngine, row_params: RowParams | None = None) -> None:
         self.plan = plan
         self.engine = engine
         options = plan.mode_options
@@ -60,9 +68,6 @@ class Scorer:
         default_delimiter = "" if self.chat else " "
         self.delimiter = options.get("target_delimiter", default_delimiter)
         self.specials = special_token_strings(engine.tokenizer) if engine.tokenizer is not None else []
-
-    def _params(self, start: int) -> SamplingParams:
-        return SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, prompt_logprobs_start=start)
 
     def context_text(self, messages: list[dict[str, str]]) -> str:
         """The chat rendered as text, ready for the answer; or plain text turns joined by blank lines."""
@@ -82,8 +87,6 @@ class Scorer:
         return "\n\n".join(parts)
 
     def build(self, fields: dict[str, Any], row: int, messages: list[dict[str, str]]) -> list[SubRequest]:
-        if self.plan.request_mode == RequestMode.PERPLEXITY:
-            return [self._document(fields, row)]
         choices = parse_choices(fields.get(self.choices_field), self.choices_field, row)
         texts = [m["content"] for m in messages] + choices
         special = next((s for s in self.specials for t in texts if s in t), None)
@@ -101,10 +104,27 @@ class Scorer:
             cont = whole[len(ctx_ids):]
             if not cont:
                 raise RowInputError(f"row {row}: choice {choice!r} adds no tokens to the context")
-            subs.append(SubRequest(ctx_ids + cont, self._params(len(ctx_ids)), scored_from=len(ctx_ids), label=choice))
+            subs.append(SubRequest(ctx_ids + cont, _params(len(ctx_ids)), scored_from=len(ctx_ids), label=choice))
         return subs
 
-    def _document(self, fields: dict[str, Any], row: int) -> SubRequest:
+    def values(self, group: RowGroup) -> dict[str, Any]:
+        """The shape's columns for a finished row without errors."""
+        sums = [scored_sum(group.outputs[i], s.token_ids, s.scored_from or 0) for i, s in enumerate(group.subs)]
+        best = max(range(len(sums)), key=sums.__getitem__)
+        return {"output": group.subs[best].label, "choice_logprobs": sums,
+                "choice_tokens": [len(s.token_ids) - (s.scored_from or 0) for s in group.subs]}
+
+
+class DocumentScoring:
+    """Every token of the row's text scored: ``nll`` (nats) and ``tokens``."""
+
+    columns: ClassVar[tuple[str, ...]] = ("nll", "tokens")
+
+    def __init__(self, plan: JobPlan, engine: PromptEngine, row_params: RowParams | None = None) -> None:
+        self.plan = plan
+        self.engine = engine
+
+    def build(self, fields: dict[str, Any], row: int, messages: list[dict[str, str]]) -> list[SubRequest]:
         tok = self.engine.tokenizer
         prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
         text = str(fields.get(self.plan.text_field, ""))  # special-token strings stay literal text
@@ -117,15 +137,9 @@ class Scorer:
                     "(set truncate_prompt = true to score its beginning)"
                 )
             ids = ids[: budget - 1]
-        return SubRequest([prefix, *ids], self._params(1), scored_from=1)
+        return [SubRequest([prefix, *ids], _params(1), scored_from=1)]
 
     def values(self, group: RowGroup) -> dict[str, Any]:
-        """The mode's columns for a finished row without errors."""
-        sums = [scored_sum(group.outputs[i], s.token_ids, s.scored_from or 0) for i, s in enumerate(group.subs)]
-        if self.plan.request_mode == RequestMode.PERPLEXITY:
-            tokens = len(group.subs[0].token_ids) - 1
-            nll = -sums[0]
-            return {"nll": nll, "tokens": tokens, "perplexity": math.exp(nll / tokens)}
-        best = max(range(len(sums)), key=sums.__getitem__)
-        return {"output": group.subs[best].label, "choice_logprobs": sums,
-                "choice_tokens": [len(s.token_ids) - (s.scored_from or 0) for s in group.subs]}
+        """The shape's columns for a finished row without errors."""
+        (sub,) = group.subs
+        return {"nll": -scored_sum(group.outputs[0], sub.token_ids, 1), "tokens": len(sub.token_ids) - 1}

@@ -7,7 +7,7 @@ listed, the other parts are valid, a re-run redoes only the missing parts);
 ``tokenmill.job_failed``) or when its error rows pass the plan's error budget (set when the
 manifest is published: ``pipeline.error_budget``). Fewer error rows are counted only.
 
-Nothing from ``storage_options`` or ``hook_options`` is written, and URLs (in reasons
+Nothing from ``storage_options`` or ``stage_options`` is written, and URLs (in reasons
 too) lose any ``user:password@`` part.
 
 The manifest is the authority on which parts belong to the job: each shard names its
@@ -28,7 +28,7 @@ from typing import Any
 from connectors import part_name, public_url
 from engine.model_registry import DEFAULT_MODEL
 from pipeline.job_status import JobStatus
-from pipeline.kind_steps import step_name
+from pipeline.kind_stages import stage_name
 from pipeline.plan import JobPlan
 from pipeline.shard_outcome import (
     FINAL_SHARD_STATES,
@@ -118,7 +118,7 @@ def build_manifest(
     summary: Any = None,
     cancelled: bool = False,
 ) -> dict[str, Any]:
-    kind = plan.steps()
+    kind = plan.kind_stages()
     outcomes = sorted(outcomes, key=lambda o: o.index)
     shards = [_shard_entry(o) for o in outcomes]
     count = {s.value: sum(o.state == s for o in outcomes) for s in FINAL_SHARD_STATES}
@@ -165,7 +165,7 @@ def build_manifest(
             "prompt_field": plan.prompt.prompt_field,
             "messages_field": plan.prompt.messages_field,
         },
-        "hooks": {"row_hook": step_name(kind.row_step(plan)), "summary_hook": step_name(kind.summary_step(plan))},
+        "hooks": {"row_hook": stage_name(kind.row_stage(plan)), "summary_hook": stage_name(kind.summary_stage(plan))},
         "started_at": started_at,
         "finished_at": utc_now(),
         "shards": shards,

@@ -1,7 +1,7 @@
 """OpenAI batch output lines: one JSON object per result row, handed to connectors with the part.
 
 The pipeline makes a standard line per row (``connectors.part_lines`` stores a part's lines
-beside it); a job kind's row step may return its own under the key ``openai_line`` to
+beside it); a job kind's row stage may return its own under the key ``openai_line`` to
 replace it. Ids are derived from the job and row ids, so a re-processed shard gives the
 same lines.
 """

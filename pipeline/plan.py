@@ -9,21 +9,27 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from typing import Any
 
-from pipeline.kind_steps import KindSteps, plan_kind, step_name
+from pipeline.kind_registry import plan_kind
+from pipeline.kind_stages import KindStages, stage_name
 
 # Plan fields that change what a part holds; a part written under other values is stale.
 _OUTPUT_FIELDS = (
     "kind", "input_format", "id_field", "text_field", "passthrough_fields", "prompt", "sampling",
-    "truncate_prompt", "hook_options", "extra_columns", "openai_output",
+    "truncate_prompt", "stage_options", "extra_columns", "openai_output",
 )
+# Fields renamed since parts were first fingerprinted: hashed under their first name, so parts stay current.
+_FINGERPRINT_NAMES = {"stage_options": "hook_options"}
+# The request mode of a plan whose rows are one generation each (the engine's own request; a
+# kind names its other modes and their shapes, pipeline.kind_stages).
+DEFAULT_REQUEST_MODE = "generate"
 # Also shaping, but only counted when set, so plans that do not use them keep their fingerprints.
-_OPTIONAL_OUTPUT_FIELDS = {"request_mode": "generate", "mode_options": {}, "sampling_field": None}
+_OPTIONAL_OUTPUT_FIELDS = {"request_mode": DEFAULT_REQUEST_MODE, "mode_options": {}, "sampling_field": None}
 _OUTPUT_ENGINE_FIELDS = ("model", "dtype", "max_model_len")
 # Plan fields of earlier versions that the kind now derives: ignored when a plan is read back.
 _DERIVED_FIELDS = ("row_hook", "summary_hook", "report_hook")
+_RENAMED_FIELDS = {"hook_options": "stage_options", "engine": "engine_settings"}  # earlier name -> now
 # A shard commits its finished rows at least this often (pipeline.part_sink): a reclaimed worker
 # loses at most two minutes of a shard's rows plus those in flight, and a checkpoint (a few
 # small object writes) comes seldom enough to cost well under 1% of a worker's time. The row
@@ -36,16 +42,6 @@ DEFAULT_CHECKPOINT_SECONDS = 120.0
 DEFAULT_MAX_ERROR_FRACTION = 0.5
 
 
-class RequestMode(StrEnum):
-    """How a row becomes engine requests (``pipeline.row_requests``)."""
-
-    GENERATE = "generate"  # one request per row (n samples share its prompt's KV blocks)
-    LOGLIKELIHOOD = "loglikelihood"  # one request per answer choice, scored by its logprobs
-    PERPLEXITY = "perplexity"  # every token of the document scored
-    TOKENS = "tokens"  # the row carries its prompt's token ids: generated from, or a span scored
-    EMBED = "embed"  # the row's text pooled into one vector (pipeline.embed_requests)
-
-
 @dataclass
 class PromptPlan:
     """How a row becomes chat messages: a shared system instruction (and few-shot turns,
@@ -55,7 +51,7 @@ class PromptPlan:
     system: str = ""
     user_template: str = "{text}"
     few_shot: list[dict[str, str]] = field(default_factory=list)  # [{"role": ..., "content": ...}]
-    prompt_field: str | None = None  # "generate" kind: the row's column is the whole user turn
+    prompt_field: str | None = None  # the row's column is the whole user turn, sent as written
     messages_field: str | None = None  # OpenAI batch input: the row carries its own messages
     raw_prompt: bool = False  # OpenAI /v1/completions: the last turn's text is the whole prompt, no template
 
@@ -64,7 +60,7 @@ class PromptPlan:
 class JobPlan:
     job_id: str
     name: str
-    kind: str  # the job kind's name: its registered class owns its steps (pipeline.kind_steps)
+    kind: str  # the job kind's name: its registered class owns its stages (pipeline.kind_stages)
     input_url: str
     output_url: str
     input_format: str | None = None  # None: from the file names
@@ -80,11 +76,12 @@ class JobPlan:
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields
     engine_settings: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields (model, dtype, ...)
     truncate_prompt: bool = False  # cut over-long prompts instead of erroring the row
-    hook_options: dict[str, Any] = field(default_factory=dict)  # the kind's options for its steps
+    stage_options: dict[str, Any] = field(default_factory=dict)  # the kind's options for its stages
     extra_columns: dict[str, str] = field(default_factory=dict)  # name -> arrow type ("float64", "string", "bool")
     openai_output: bool = False  # also write OpenAI batch output JSONL lines
-    # How a row becomes engine requests (pipeline.row_requests); mode_options configure it.
-    request_mode: RequestMode = RequestMode.GENERATE
+    # How a row becomes engine requests: the kind's request shape for this mode (pipeline.row_requests);
+    # mode_options configure it.
+    request_mode: str = DEFAULT_REQUEST_MODE
     mode_options: dict[str, Any] = field(default_factory=dict)
     sampling_field: str | None = None  # a row column of per-row SamplingParams overrides
     # Checkpoints inside a shard: every this many finished rows or seconds (0: that trigger off;
@@ -97,14 +94,13 @@ class JobPlan:
     max_error_rows: int | None = None
 
     def __post_init__(self) -> None:
-        if self.request_mode not in tuple(RequestMode):
-            raise ValueError(f"unknown request mode {self.request_mode!r}: "
-                             f"expected one of {', '.join(m.value for m in RequestMode)}")
-        self.request_mode = RequestMode(self.request_mode)  # a plan read back from JSON holds the string
-        self.steps()  # a kind the registry does not hold is refused here, before any work
+        self.request_mode = str(self.request_mode)
+        # a kind the registry does not hold, or a request mode the kind has no shape for, is refused
+        # here, before any work
+        self.kind_stages().request_shape(self)
 
-    def steps(self) -> KindSteps:
-        """The plan's job kind, which gives its row, summary and report steps."""
+    def kind_stages(self) -> KindStages:
+        """The plan's job kind, which gives its request shape and its row, summary and report stages."""
         return plan_kind(self.kind)
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,8 +119,8 @@ class JobPlan:
         """What a part records to be reused: its input shard plus everything in the plan that
         shapes its rows, so a re-run with another prompt, model or sampling recomputes."""
         data = self.to_dict()
-        shaping = {k: data[k] for k in _OUTPUT_FIELDS}
-        shaping["row_hook"] = step_name(self.steps().row_step(self))  # the row step shapes the kind's columns
+        shaping = {_FINGERPRINT_NAMES.get(k, k): data[k] for k in _OUTPUT_FIELDS}
+        shaping["row_hook"] = stage_name(self.kind_stages().row_stage(self))  # the row stage shapes the kind's columns
         if not self.prompt.raw_prompt:  # added later: absent when off, so earlier parts stay current
             shaping["prompt"] = {k: v for k, v in shaping["prompt"].items() if k != "raw_prompt"}
         shaping.update({k: data[k] for k, default in _OPTIONAL_OUTPUT_FIELDS.items() if data[k] != default})
@@ -138,8 +134,6 @@ class JobPlan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobPlan:
-        data = {k: v for k, v in data.items() if k not in _DERIVED_FIELDS}
-        if "engine" in data:  # a plan of an earlier version
-            data["engine_settings"] = data.pop("engine")
+        data = {_RENAMED_FIELDS.get(k, k): v for k, v in data.items() if k not in _DERIVED_FIELDS}
         data["prompt"] = PromptPlan(**data.get("prompt", {}))
         return cls(**data)

@@ -7,8 +7,8 @@ A row not in its own shard's previous part is looked up in every part of the out
 the output's parts weigh at most ``OUTPUT_ROWS_BYTES`` (their computed columns are held in
 memory for the run; a larger output looks in the shard's own part only).
 
-Only whole results are taken: every request mode's (generate, scoring, perplexity, token
-requests: the mode's columns are in the part), with an OpenAI line's choices read back from
+Only whole results are taken: every request shape's (a generation, or a kind's
+shape: its columns are in the part), with an OpenAI line's choices read back from
 the part's ``.jsonl`` lines when the plan writes them (only lines whose SHA-256 the part's
 footer names, one a row), and rows without an error (an error may be transient, and a row
 step's error is the step's to make again).
@@ -22,23 +22,17 @@ import logging
 import pyarrow as pa
 
 from connectors import ShardRef, list_part_sizes, read_part_if_any, read_part_lines
-from pipeline.embed_requests import EMBEDDING_COLUMN
 from pipeline.openai_output import choices_of_line
 from pipeline.output_columns import COMPUTED_COLUMNS
-from pipeline.plan import JobPlan, RequestMode
+from pipeline.plan import JobPlan
 from pipeline.result_row import OpenAIChoice, RequestResult
 
 log = logging.getLogger(__name__)
 
-# Each request mode's own columns (``pipeline.row_requests``): with the computed columns, all a
-# finished row's values; the kind's row step derives the rest (a score) from them again.
-_MODE_COLUMNS = {
-    RequestMode.GENERATE: ("samples", "sample_finish_reasons"),  # with n samples
-    RequestMode.LOGLIKELIHOOD: ("choice_logprobs", "choice_tokens"),
-    RequestMode.PERPLEXITY: ("nll", "tokens", "perplexity"),
-    RequestMode.TOKENS: ("logprob", "is_greedy"),
-    RequestMode.EMBED: (EMBEDDING_COLUMN,),
-}
+# A generation's own columns, with n samples (``pipeline.row_requests``); a kind's request shape
+# names its own. With the computed columns, all a finished row's values; the kind's row stage
+# derives the rest (a score) from them again.
+_GENERATED_COLUMNS = ("samples", "sample_finish_reasons")
 # A column of the lookup's table only (never of a part): a taken row's OpenAI choices as JSON
 # text, read from the part's lines.
 CHOICES_JSON = "openai_choices_json"
@@ -72,7 +66,9 @@ class PreviousRows:
 
 def _columns(plan: JobPlan) -> list[str]:
     """The columns a taken row needs (with the OpenAI lines' choices when the plan writes them)."""
-    columns = [*COMPUTED_COLUMNS, *(c for c in _MODE_COLUMNS[plan.request_mode] if c in plan.extra_columns)]
+    shape = plan.kind_stages().request_shape(plan)
+    own = _GENERATED_COLUMNS if shape is None else shape.columns
+    columns = [*COMPUTED_COLUMNS, *(c for c in own if c in plan.extra_columns)]
     return [*columns, CHOICES_JSON] if plan.openai_output else columns
 
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pyarrow as pa
 
 from connectors import Record
-from pipeline.kind_steps import RowRejected
+from pipeline.kind_stages import RowRejected
 from pipeline.openai_output import OPENAI_LINE_KEY, openai_line
 from pipeline.output_schema import coerce_extra, passthrough_value
 from pipeline.plan import JobPlan
@@ -24,7 +24,7 @@ class ResultRows:
 
     def __init__(self, plan: JobPlan, schema: pa.Schema) -> None:
         self.plan = plan
-        self.step = plan.steps().row_step(plan)
+        self.step = plan.kind_stages().row_stage(plan)
         self.extra_types = {f.name: f.type for f in schema if f.name in plan.extra_columns}
         self.model = str(plan.engine_settings.get("model", ""))
 
@@ -64,7 +64,7 @@ class ResultRows:
         a failing step turns the row into an error row."""
         assert self.step is not None
         try:
-            extra = self.step.run(row.values(), dict(record.fields), dict(self.plan.hook_options)) or {}
+            extra = self.step.run(row.values(), dict(record.fields), dict(self.plan.stage_options)) or {}
             if not isinstance(extra, dict):
                 raise TypeError(f"returned {type(extra).__name__}, expected a dict")
             values = {}

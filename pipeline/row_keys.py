@@ -4,8 +4,8 @@ never computed twice (issue 28).
 The key is a SHA-256 over the plan's kind, request mode and mode options, the engine fields
 that shape outputs (model, dtype, context length), and each of the row's engine requests:
 prompt token ids (the template, the document and any truncation are in them), sampling
-parameters, and what is scored. Ids, passthrough fields and row steps are not in it: a reused
-or shared result is rebuilt into each row with its own id and fields, and the row step runs
+parameters, and what is scored. Ids, passthrough fields and row stages are not in it: a reused
+or shared result is rebuilt into each row with its own id and fields, and the row stage runs
 on it again. Every part stores its rows' keys (column ``content_key``), so a re-run of a
 changed shard takes the unchanged rows from the previous part.
 

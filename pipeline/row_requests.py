@@ -1,11 +1,11 @@
 """How one input row becomes engine requests, and how their outputs become one result row.
 
-Most kinds send one request per row (``generate`` mode; with ``n`` samples it is still one
-request, the engine shares the prompt's KV blocks between the samples). Two modes score
-text instead of generating it (``pipeline.loglikelihood``): ``loglikelihood`` sends one
-request per answer choice, context + continuation, and sums the continuation's prompt
-logprobs; ``perplexity`` scores every token of the document. A row may also carry its own
-sampling settings (OpenAI batch lines: ``plan.sampling_field``).
+Most kinds send one request per row, a generation (with ``n`` samples it is still one
+request, the engine shares the prompt's KV blocks between the samples). A kind may give its
+own request shape for the plan's request mode (``KindStages.request_shape``): the shapes the
+pipeline offers score text instead of generating it (``pipeline.loglikelihood``), pool it
+into a vector (``pipeline.embed_requests``) or take token ids (``pipeline.token_requests``).
+A row may also carry its own sampling settings (OpenAI batch lines: ``plan.sampling_field``).
 """
 
 from __future__ import annotations
@@ -14,14 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.sampling_params import SamplingParams
-from pipeline.embed_requests import EmbedRequests
-from pipeline.loglikelihood import Scorer
 from pipeline.openai_output import logprobs_content
-from pipeline.plan import JobPlan, RequestMode
+from pipeline.plan import JobPlan
 from pipeline.result_row import OpenAIChoice, RequestResult
 from pipeline.shard_engine import PromptEngine
 from pipeline.sub_requests import RowGroup, RowInputError, SubRequest, make_params
-from pipeline.token_requests import TokenRequests
 
 
 def _choice(out: Any, tokenizer: Any, top: int | None) -> OpenAIChoice:
@@ -39,13 +36,8 @@ class RequestBuilder:
         self.engine = engine
         self.base = dict(plan.sampling)
         self.params = make_params(self.base)
-        self.scorer = None
-        if plan.request_mode == RequestMode.TOKENS:
-            self.scorer = TokenRequests(self.row_params)
-        elif plan.request_mode == RequestMode.EMBED:
-            self.scorer = EmbedRequests(plan, engine)
-        elif plan.request_mode != RequestMode.GENERATE:
-            self.scorer = Scorer(plan, engine)
+        shape = plan.kind_stages().request_shape(plan)
+        self.scorer = None if shape is None else shape(plan, engine, self.row_params)
 
     def row_params(self, fields: dict[str, Any], row: int) -> SamplingParams:
         name = self.plan.sampling_field

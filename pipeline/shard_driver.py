@@ -10,7 +10,7 @@ rows (error rows never enter the engine, and rows reach the part only in input o
 without that bound one slow first row would hold back everything read after it).
 
 Rows in == rows out: a bad input row, a prompt the engine refuses, a template error,
-a failing row step or an engine fault each become an output row with ``error`` set.
+a failing row stage or an engine fault each become an output row with ``error`` set.
 A shard that cannot be read at all is reported ``failed`` and writes no part.
 
 This module only drives: admit rows, step the engine, hand its outputs to the kind and the
@@ -289,7 +289,7 @@ class ShardDriver:
 
     # ---- rows and outcomes --------------------------------------------------------------
     def _complete(self, shard: OpenShard, prepared: PreparedRow, row: ResultRow, notify: bool = True) -> None:
-        """Run the kind's row step, then hand the row to the shard's part."""
+        """Run the kind's row stage, then hand the row to the shard's part."""
         if shard.sink.failed is not None:  # its part is abandoned (e.g. a spool write failed)
             return
         shard.sink.add(prepared.position, self.rows.results.finish(prepared.record, row))

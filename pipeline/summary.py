@@ -1,11 +1,11 @@
-"""Running a job kind's summary and report steps over the finished parts.
+"""Running a job kind's summary and report stages over the finished parts.
 
-The summary step is called as ``fn(table: pa.Table, options: dict) -> dict`` (JSON-safe), with
+The summary stage is called as ``fn(table: pa.Table, options: dict) -> dict`` (JSON-safe), with
 the rows of every done/skipped part but only the small columns (id, error,
 finish_reason, token counts, latency and the kind's extra columns): output text
 and passthrough fields are left out so a large job's summary fits in memory. Its
-result goes into the manifest under ``summary``; a failing step is reported there
-and does not fail the job. ``options`` are the plan's ``hook_options`` plus, under
+result goes into the manifest under ``summary``; a failing stage is reported there
+and does not fail the job. ``options`` are the plan's ``stage_options`` plus, under
 ``OUTPUT_KEY``, where the job's output is: ``{"url", "storage_options", "parts"}`` with
 the part ids of the done and skipped shards in shard order (the parts of this job, and
 only those: the folder may hold others until the run is published).
@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from connectors import read_part_columns
-from pipeline.kind_steps import Step
+from pipeline.kind_stages import Stage
 from pipeline.output_schema import output_schema
 from pipeline.plan import JobPlan
 from pipeline.shard_outcome import ShardOutcome, ShardState
@@ -49,28 +49,28 @@ def read_small_columns(plan: JobPlan, parts: list[str]) -> pa.Table:
 def run_report(plan: JobPlan, manifest: dict[str, Any]) -> dict[str, str] | None:
     """Files the job kind writes next to its parts (e.g. report.md); a failure is reported, not raised.
     Called once the job's manifest is built, in embedded and fleet runs alike; the urls go in it."""
-    step: Step | None = plan.steps().report_step(plan)
-    if step is None:
+    stage: Stage | None = plan.kind_stages().report_stage(plan)
+    if stage is None:
         return None
     try:
-        written = step.run(manifest, plan.output_options)
+        written = stage.run(manifest, plan.output_options)
         return {str(k): str(v) for k, v in written.items()}
     except Exception as exc:
-        log.exception("report hook %s failed", step.name)
-        return {"error": f"report hook {step.name} failed: {type(exc).__name__}: {exc}"}
+        log.exception("report hook %s failed", stage.name)
+        return {"error": f"report hook {stage.name} failed: {type(exc).__name__}: {exc}"}
 
 
 def run_summary(plan: JobPlan, outcomes: list[ShardOutcome]) -> Any:
-    step: Step | None = plan.steps().summary_step(plan)
-    if step is None:
+    stage: Stage | None = plan.kind_stages().summary_stage(plan)
+    if stage is None:
         return None
     try:
         parts = job_parts(outcomes)
         table = read_small_columns(plan, parts)
         output = {"url": plan.output_url, "storage_options": plan.output_options, "parts": parts}
-        summary = step.run(table, {**plan.hook_options, OUTPUT_KEY: output})
+        summary = stage.run(table, {**plan.stage_options, OUTPUT_KEY: output})
         json.dumps(summary)  # must be JSON-safe to go in the manifest
         return summary
     except Exception as exc:
-        log.exception("summary hook %s failed", step.name)
-        return {"error": f"summary hook {step.name} failed: {type(exc).__name__}: {exc}"}
+        log.exception("summary hook %s failed", stage.name)
+        return {"error": f"summary hook {stage.name} failed: {type(exc).__name__}: {exc}"}

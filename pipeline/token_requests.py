@@ -1,4 +1,4 @@
-"""The ``tokens`` request mode: a row that carries its prompt as token ids (issue 27).
+"""A request shape (``pipeline.kind_stages``): a row that carries its prompt as token ids (issue 27).
 
 A client that tokenizes for itself (lm-evaluation-harness, whose tokenization decides its
 scores) hands the fleet finished prompts, so nothing here renders or tokenizes. A row is
@@ -15,7 +15,7 @@ one of two requests:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from engine import SamplingParams
 from pipeline.sub_requests import RowGroup, RowInputError, SubRequest
@@ -43,7 +43,9 @@ def _token_ids(value: Any, row: int) -> list[int]:
 class TokenRequests:
     """Builds a row's one request from its token ids and reads its values back."""
 
-    def __init__(self, row_params: Callable[[dict[str, Any], int], SamplingParams]) -> None:
+    columns: ClassVar[tuple[str, ...]] = tuple(COLUMNS)
+
+    def __init__(self, plan: Any, engine: Any, row_params: Callable[[dict[str, Any], int], SamplingParams]) -> None:
         self.row_params = row_params  # the plan's sampling under the row's own (RequestBuilder.row_params)
 
     def build(self, fields: dict[str, Any], row: int, messages: list[dict[str, str]]) -> list[SubRequest]:

@@ -18,14 +18,17 @@ from pydantic import Field
 
 from jobs.kinds.base import JobKind, reject_passthrough_clash, user_template
 from jobs.sections import Section
-from pipeline.embed_requests import EMBEDDING_COLUMN, vector_type
-from pipeline.plan import PromptPlan, RequestMode
+from pipeline.embed_requests import EMBEDDING_COLUMN, EmbedRequests, vector_type
+from pipeline.plan import PromptPlan
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
 
 
-class EmbedSection(Section):
+MODE = "embed"  # the request mode: the row's text pooled into one vector (pipeline.embed_requests)
+
+
+class EmbedOptions(Section):
     """``[embed]``: how a text's hidden states become its vector."""
 
     pooling: Literal["last", "mean", "cls"] | None = Field(None, description="default: as the model says, else last")
@@ -43,6 +46,8 @@ def model_hidden_size(spec: JobSpec) -> int:
 
 class Embed(JobKind):
     name = "embed"
+    Options = EmbedOptions
+    shapes = {MODE: EmbedRequests}
 
     def check(self, spec: JobSpec) -> None:
         why = "embeds the text (or prompt.template) as it is, with no chat"
@@ -56,13 +61,13 @@ class Embed(JobKind):
         reject_passthrough_clash(spec, [EMBEDDING_COLUMN], "embed")
 
     def plan_fields(self, spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
-        section = spec.embed or EmbedSection()
+        section = self.options(spec)
         hidden = model_hidden_size(spec)
         if section.dimensions is not None and section.dimensions > hidden:
             raise ValueError(f"embed.dimensions: at most the model's hidden size {hidden}, got {section.dimensions}")
         return {
             "prompt": PromptPlan(user_template=user_template(spec)),
-            "request_mode": RequestMode.EMBED,
+            "request_mode": MODE,
             "mode_options": section.model_dump(exclude_none=True),
             "extra_columns": {EMBEDDING_COLUMN: vector_type(section.dimensions or hidden)},
         }

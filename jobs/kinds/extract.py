@@ -9,25 +9,68 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+
 from jobs.extract import extract_row, schema_columns, summarize_extract
 from jobs.kinds.base import JobKind, few_shot_turns, reject_prompt_field, user_template
-from pipeline.kind_steps import Step
+from jobs.sections import Section, resolve_local
+from pipeline.kind_stages import Stage
 from pipeline.plan import PromptPlan
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
     from pipeline.plan import JobPlan
 
-ROW = Step("jobs.extract:extract_row", extract_row)
-SUMMARY = Step("jobs.extract:summarize_extract", summarize_extract)
+ROW = Stage("jobs.extract:extract_row", extract_row)
+SUMMARY = Stage("jobs.extract:summarize_extract", summarize_extract)
 DEFAULT_SYSTEM = "Extract the information from the user's text as a JSON object matching this JSON schema:\n{schema}"
+
+
+class ExtractOptions(Section):
+    """Kind ``extract``: a JSON schema (inline, or a file) whose top-level properties become columns."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, populate_by_name=True)
+
+    json_schema: dict[str, Any] | None = Field(None, alias="schema", description="the JSON schema, inline")
+    schema_file: str | None = Field(None, description="a .json file holding the schema; relative: from the spec")
+
+    @field_validator("schema_file")
+    @classmethod
+    def _resolve(cls, path: str | None, info: ValidationInfo) -> str | None:
+        return resolve_local(path, info) if path else path
+
+    def load_schema(self) -> dict[str, Any]:
+        """The schema, checked: a valid JSON schema of an object with properties."""
+
+        import jsonschema
+
+        if (self.json_schema is None) == (self.schema_file is None):
+            raise ValueError("extract: give exactly one of extract.schema and extract.schema_file")
+        schema, where = self.json_schema, "extract.schema"
+        if schema is None:
+            where = "extract.schema_file"
+            try:
+                with open(str(self.schema_file), encoding="utf-8") as f:
+                    schema = json.load(f)
+            except OSError as exc:
+                raise ValueError(f"{where}: cannot read {self.schema_file}: {exc.strerror or exc}") from None
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{where}: not JSON: {exc}") from None
+        try:
+            jsonschema.Draft202012Validator.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"{where}: not a valid JSON schema: {exc.message}") from None
+        if schema.get("type") != "object" or not isinstance(schema.get("properties"), dict) or not schema["properties"]:
+            raise ValueError(f"{where}: must describe an object (type 'object') with properties")
+        return schema
 
 
 class Extract(JobKind):
     name = "extract"
+    Options = ExtractOptions
 
     def check(self, spec: JobSpec) -> None:
-        from jobs.spec import RESERVED_COLUMNS
+        from pipeline.output_columns import RESERVED_COLUMNS
 
         reject_prompt_field(spec)
         if spec.extract is None:
@@ -51,12 +94,15 @@ class Extract(JobKind):
         return {
             "prompt": PromptPlan(system=system, user_template=user_template(spec), few_shot=few_shot_turns(spec)),
             "sampling": sampling,
-            "hook_options": {"schema": schema, "columns": columns},
+            "stage_options": {"schema": schema, "columns": columns},
             "extra_columns": {name: "string" if kind == "json" else kind for name, kind in columns.items()},
         }
 
-    def row_step(self, plan: JobPlan) -> Step:
+    def row_stage(self, plan: JobPlan) -> Stage:
         return ROW
 
-    def summary_step(self, plan: JobPlan) -> Step:
+    def summary_stage(self, plan: JobPlan) -> Stage:
         return SUMMARY
+
+    def console_lines(self, summary: dict[str, Any]) -> list[tuple[str, str]]:
+        return [("valid outputs", f"{summary['valid']}/{summary['rows']}")] if summary.get("valid") is not None else []

@@ -11,18 +11,19 @@ from typing import TYPE_CHECKING, Any
 
 from jobs.kinds.base import JobKind, few_shot_turns
 from jobs.sample_metrics import GENERATE_SAMPLE_COLUMNS, majority_row
-from pipeline.kind_steps import Step
+from pipeline.kind_stages import Stage
 from pipeline.plan import PromptPlan
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
     from pipeline.plan import JobPlan
 
-MAJORITY = Step("jobs.sample_metrics:majority_row", majority_row)
+MAJORITY = Stage("jobs.sample_metrics:majority_row", majority_row)
 
 
 class Generate(JobKind):
     name = "generate"
+    takes_samples = True
 
     def check(self, spec: JobSpec) -> None:
         if spec.prompt.template is not None:
@@ -49,6 +50,6 @@ class Generate(JobKind):
             values.update(extra_columns=dict(GENERATE_SAMPLE_COLUMNS))
         return values
 
-    def row_step(self, plan: JobPlan) -> Step | None:
+    def row_stage(self, plan: JobPlan) -> Stage | None:
         """With n samples, each row's majority answer."""
         return MAJORITY if int(plan.sampling.get("n", 1)) > 1 else None

@@ -12,15 +12,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from jobs.kinds.base import JobKind, reject_passthrough_clash, reject_prompt
-from pipeline.plan import PromptPlan, RequestMode
-from pipeline.token_requests import COLUMNS, SAMPLING_FIELD
+from pipeline.plan import PromptPlan
+from pipeline.token_requests import COLUMNS, SAMPLING_FIELD, TokenRequests
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
 
 
+MODE = "tokens"  # the request mode: rows carry token ids (pipeline.token_requests)
+
+
 class HarnessRequests(JobKind):
     name = "harness_requests"
+    shapes = {MODE: TokenRequests}
+    errors_are_results = True  # lm-eval reads each request's error
 
     def check(self, spec: JobSpec) -> None:
         reject_prompt(spec, "rows carry their prompts as token ids")
@@ -29,7 +34,7 @@ class HarnessRequests(JobKind):
     def plan_fields(self, spec: JobSpec, *, read_only: bool = False) -> dict[str, Any]:
         return {
             "prompt": PromptPlan(prompt_field=spec.input.text_field),  # rendered but unused: rows carry token ids
-            "request_mode": RequestMode.TOKENS,
+            "request_mode": MODE,
             "sampling_field": SAMPLING_FIELD,
             "extra_columns": dict(COLUMNS),
         }

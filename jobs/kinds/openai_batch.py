@@ -9,20 +9,26 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from jobs.kinds.base import JobKind, few_shot_turns
+from jobs.kinds.embed import MODE as EMBED_MODE
 from jobs.kinds.embed import model_hidden_size
 from jobs.openai_embeddings import embedding_line
 from jobs.openai_requests import SAMPLING_FIELD, convert_requests
 from jobs.secrets import reveal
-from pipeline.embed_requests import EMBEDDING_COLUMN, vector_type
-from pipeline.kind_steps import Step
-from pipeline.plan import PromptPlan, RequestMode
+from pipeline.embed_requests import EMBEDDING_COLUMN, EmbedRequests, vector_type
+from pipeline.kind_stages import Stage
+from pipeline.plan import PromptPlan
 
 if TYPE_CHECKING:
     from jobs.spec import JobSpec
+    from pipeline.plan import JobPlan
 
 
 class OpenAIBatch(JobKind):
     name = "openai_batch"
+    shapes = {EMBED_MODE: EmbedRequests}
+    errors_are_results = True  # the batch's error file holds them
+    input_format = "openai_batch"  # a request file, converted to rows before the job runs
+    openai_output = True
 
     def check(self, spec: JobSpec) -> None:
         for name in ("template", "prompt_field"):
@@ -46,8 +52,8 @@ class OpenAIBatch(JobKind):
         else:
             input_url, storage_options = spec.input.full_url, in_options
         fields: dict[str, Any] = {}
-        if converted.embeddings:  # /v1/embeddings lines: each row's text pooled, its line from the row step
-            fields = {"request_mode": RequestMode.EMBED, "mode_options": {"normalize": True}, "hook_options": {"model": spec.model.engine_settings()["model"]},
+        if converted.embeddings:  # /v1/embeddings lines: each row's text pooled, its line from the row stage
+            fields = {"request_mode": EMBED_MODE, "mode_options": {"normalize": True}, "stage_options": {"model": spec.model.engine_settings()["model"]},
                       "extra_columns": {EMBEDDING_COLUMN: vector_type(model_hidden_size(spec))}}
         return {
             **fields,
@@ -62,8 +68,8 @@ class OpenAIBatch(JobKind):
                                  few_shot=few_shot_turns(spec), raw_prompt=converted.completions),
         }
 
-    def row_step(self, plan) -> Step | None:
-        return EMBEDDING_LINE if plan.request_mode == RequestMode.EMBED else None
+    def row_stage(self, plan: JobPlan) -> Stage | None:
+        return EMBEDDING_LINE if plan.request_mode == EMBED_MODE else None
 
 
-EMBEDDING_LINE = Step("jobs.openai_embeddings:embedding_line", embedding_line)
+EMBEDDING_LINE = Stage("jobs.openai_embeddings:embedding_line", embedding_line)

@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from cli.app import app
 from connectors import read_parts
+from jobs.kinds import KIND_NAMES  # the default kind first, then by name: every module of jobs/kinds/
 
 REPO = Path(__file__).resolve().parents[2]
 BROKER = "redis://127.0.0.1:6379/0"
@@ -136,7 +137,7 @@ def test_run_evaluate_writes_report(tmp_path: Path, tiny_model_dir: Path) -> Non
     ("body", "message"),
     [
         ('name = "x"\nkind = "summarise"\n[input]\nurl = "d"\n[output]\nurl = "o"\n',
-         "spec error: kind: Input should be 'summarize', 'embed', 'evaluate', 'extract', 'generate', 'harness_requests', 'openai_batch' or 'perplexity'"),
+         "spec error: kind: Input should be " + ", ".join(map(repr, KIND_NAMES[:-1])) + f" or {KIND_NAMES[-1]!r}"),
         ('name = "x"\n[input]\nurl = "d"\ntxt_field = "b"\n[output]\nurl = "o"\n',
          "spec error: input.txt_field: unknown field; did you mean 'text_field'?"),
         ('name = "x"\n[input]\nurl = "d"\n[output]\nurl = "o"\n[prompt]\ntemplate = "{document.__class__}"\n',

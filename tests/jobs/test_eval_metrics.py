@@ -18,7 +18,7 @@ from jobs.extract import extract_row, schema_columns
 from jobs.mc_scoring import bootstrap_stderr, gold_index, score_ll_row, summarize_ll
 from jobs.sample_metrics import majority, majority_row, pass_at_k
 from jobs.scoring import score_row, summarize_scores
-from pipeline.kind_steps import RowRejected
+from pipeline.kind_stages import RowRejected
 from pipeline.openai_output import logprobs_content, openai_line
 from pipeline.result_row import OpenAIChoice, ResultRow
 
@@ -227,7 +227,7 @@ def test_plans_of_new_kinds(tmp_path: Path) -> None:
                                 base_dir=tmp_path)
     plan = extract.to_plan("x")
     assert plan.sampling["structured_output"] == {"json": {"type": "object", "properties": {"a": {"type": "integer"}}}}
-    assert plan.extra_columns == {"a": "int64"} and plan.steps().row_step(plan).name == "jobs.extract:extract_row"
+    assert plan.extra_columns == {"a": "int64"} and plan.kind_stages().row_stage(plan).name == "jobs.extract:extract_row"
     assert JobSpec.from_dict(extract.to_data()).to_plan("x").sampling == plan.sampling  # survives the worker hop
     ll = JobSpec.from_dict(_spec(tmp_path, kind="evaluate", evaluate={"method": "loglikelihood",
                                                                       "chat_template": False})).to_plan("x")
@@ -247,7 +247,7 @@ def test_loglikelihood_rows_refuse_special_tokens(default_model_dir: Path) -> No
 
     from transformers import AutoTokenizer
 
-    from pipeline.loglikelihood import Scorer
+    from pipeline.loglikelihood import ChoiceScoring
     from pipeline.plan import JobPlan
     from pipeline.row_requests import RowInputError
 
@@ -256,7 +256,7 @@ def test_loglikelihood_rows_refuse_special_tokens(default_model_dir: Path) -> No
                              max_model_len=2048)
     plan = JobPlan(job_id="j", name="n", kind="evaluate", input_url="x", output_url="y",
                    request_mode="loglikelihood")
-    scorer = Scorer(plan, engine)  # type: ignore[arg-type]
+    scorer = ChoiceScoring(plan, engine)  # type: ignore[arg-type]
     messages = [{"role": "user", "content": "Question: 2 + 2?\nAnswer:"}]
     subs = scorer.build({"choices": ["4", "5"]}, 3, messages)
     assert [s.label for s in subs] == ["4", "5"] and subs[0].token_ids[: subs[0].scored_from] == \

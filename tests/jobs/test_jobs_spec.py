@@ -40,7 +40,7 @@ def errors_of(data: dict[str, Any]) -> list[str]:
         ({"input": {"txt_field": "body"}}, "input.txt_field: unknown field; did you mean 'text_field'?"),
         ({"sampling": {"max_token": 5}}, "sampling.max_token: unknown field; did you mean 'max_tokens'?"),
         ({"nmae": "x"}, "nmae: unknown field; did you mean 'name'?"),
-        ({"kind": "summarise"}, "kind: Input should be 'summarize', 'embed', 'evaluate', 'extract', 'generate', 'harness_requests', 'openai_batch' or 'perplexity'"),
+        ({"kind": "summarise"}, "kind: Input should be " + ", ".join(map(repr, KIND_NAMES[:-1])) + f" or {KIND_NAMES[-1]!r}"),
         ({"prompt": {"template": "{document.__class__}"}},
          "prompt.template: field '{document.__class__}' is not a plain field name"),
         ({"prompt": {"template": "{0.__init__}"}}, "prompt.template: field '{0.__init__}' is not a plain field name"),
@@ -162,7 +162,7 @@ def test_to_plan_summarize() -> None:
     assert plan.sampling["max_tokens"] == 40 and plan.sampling["stop"] == ["\n\n"] and plan.sampling["temperature"] == 0
     assert plan.prompt.user_template == "Title: {title}\n{body}" and plan.prompt.system.startswith("Summarize")
     assert plan.prompt.few_shot == [{"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}]
-    assert plan.truncate_prompt and not plan.openai_output and plan.steps().row_step(plan) is None
+    assert plan.truncate_prompt and not plan.openai_output and plan.kind_stages().row_stage(plan) is None
     assert JobPlan.from_dict(plan.to_dict()) == plan  # JSON-safe round trip
     assert spec.to_plan(plan.job_id, read_only=True) == plan  # what status builds: the same plan
     # engine settings left unset are not sent: the worker's engine defaults apply
@@ -192,9 +192,9 @@ def test_model_and_sampling_tables_follow_the_engine() -> None:
 def test_to_plan_evaluate_and_generate() -> None:
     evaluate = JobSpec.from_dict(spec_data(kind="evaluate", evaluate={"method": "choice", "reference_field": "gold"}))
     plan = evaluate.to_plan("e")
-    kind = plan.steps()
-    assert (kind.row_step(plan).name, kind.summary_step(plan).name) == ("jobs.scoring:score_row", "jobs.scoring:summarize_scores")
-    assert plan.hook_options == {"reference_field": "gold", "method": "choice", "pattern": None}
+    kind = plan.kind_stages()
+    assert (kind.row_stage(plan).name, kind.summary_stage(plan).name) == ("jobs.scoring:score_row", "jobs.scoring:summarize_scores")
+    assert plan.stage_options == {"reference_field": "gold", "method": "choice", "pattern": None}
     assert plan.extra_columns == {"reference": "string", "prediction": "string", "correct": "bool", "score": "float64"}
     assert "letter" in plan.prompt.system
     generate = JobSpec.from_dict(spec_data(kind="generate", prompt={"prompt_field": "q"}))

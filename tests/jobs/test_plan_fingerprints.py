@@ -64,11 +64,11 @@ def test_part_fingerprint_is_pinned(case: str) -> None:
 
 
 def test_a_plan_of_an_earlier_version_reads_with_the_same_fingerprint() -> None:
-    """A plan dict from before the renames (``engine`` for the engine settings, hook names) still
+    """A plan dict from before the renames (``engine`` for the engine settings, ``hook_options`` for the stages' options, hook names) still
     reads, as a worker gets it from the broker during an upgrade, and its parts stay current."""
     plan = _spec("extract", extract={"schema": SCHEMA}).to_plan("pin", read_only=True)
-    old = {k: v for k, v in plan.to_dict().items() if k != "engine_settings"}
-    old.update(engine=plan.engine_settings, row_hook="jobs.extract:extract_row",
+    old = {k: v for k, v in plan.to_dict().items() if k not in ("engine_settings", "stage_options")}
+    old.update(engine=plan.engine_settings, hook_options=plan.stage_options, row_hook="jobs.extract:extract_row",
                summary_hook="jobs.extract:summarize_extract", report_hook=None)
     read = JobPlan.from_dict(old)
     assert read == plan and read.engine_settings == {"model": "smollm2-135m-instruct"}

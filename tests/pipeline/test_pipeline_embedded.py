@@ -20,7 +20,7 @@ from pipeline_support import (
 from connectors import list_shards, read_manifest, read_parts, success_marker_exists
 from jobs.kinds.base import KINDS, JobKind
 from pipeline.job_runner import run_embedded
-from pipeline.kind_steps import Step
+from pipeline.kind_stages import Stage
 from pipeline.plan import JobPlan
 
 
@@ -116,11 +116,11 @@ def scored_kind():
     class Scored(JobKind):
         name = "_test_scored"
 
-        def row_step(self, plan: JobPlan) -> Step:
-            return Step("jobs._test_pipeline_hooks:score", score)
+        def row_stage(self, plan: JobPlan) -> Stage:
+            return Stage("jobs._test_pipeline_hooks:score", score)
 
-        def summary_step(self, plan: JobPlan) -> Step:
-            return Step("jobs._test_pipeline_hooks:summarize", summarize)
+        def summary_stage(self, plan: JobPlan) -> Stage:
+            return Stage("jobs._test_pipeline_hooks:summarize", summarize)
 
     yield calls
     del KINDS[Scored.name]
@@ -130,7 +130,7 @@ def test_row_step_extra_columns_and_summary(dirs, tiny_model_dir, scored_kind) -
     inp, out = dirs
     ids = write_uniform_shards(local_put(inp), count=2, rows=3)
     plan = make_plan(
-        str(inp), str(out), tiny_model_dir, kind="_test_scored", hook_options={"scale": 2.0},
+        str(inp), str(out), tiny_model_dir, kind="_test_scored", stage_options={"scale": 2.0},
         extra_columns={"score": "float64", "ok": "bool"},
     )
     manifest = run_embedded(plan, progress=False)

@@ -100,7 +100,7 @@ def test_hook_names_of_earlier_plans_run_nothing() -> None:
     ignored: the kind decides its steps."""
     data = {**_plan().to_dict(), "row_hook": "os:system", "summary_hook": "jobs.api:run", "report_hook": "os:system"}
     plan = JobPlan.from_dict(data)
-    assert (plan.steps().row_step(plan), plan.steps().summary_step(plan), plan.steps().report_step(plan)) == (None,) * 3
+    assert (plan.kind_stages().row_stage(plan), plan.kind_stages().summary_stage(plan), plan.kind_stages().report_stage(plan)) == (None,) * 3
     assert plan.part_fingerprint("x") == _plan().part_fingerprint("x")
 
 
@@ -108,13 +108,13 @@ def test_hook_names_of_earlier_plans_run_nothing() -> None:
     *({"kind": name} for name in KIND_NAMES),
     {"kind": "evaluate", "request_mode": "loglikelihood"},
     {"kind": "generate", "sampling": {"n": 3}},
-    {"kind": "summarize", "openai_output": True, "hook_options": {"openai_output": True}},
+    {"kind": "summarize", "openai_output": True, "stage_options": {"openai_output": True}},
 ])
 def test_every_kind_step_is_the_function_it_names(plan_values) -> None:
     """A step's name (in fingerprints and manifests) still names the function that runs."""
     plan = _plan(**plan_values)
-    kind = plan.steps()
-    for step in (kind.row_step(plan), kind.summary_step(plan), kind.report_step(plan)):
+    kind = plan.kind_stages()
+    for step in (kind.row_stage(plan), kind.summary_stage(plan), kind.report_stage(plan)):
         if step is not None:
             module, function = step.name.split(":")
             assert getattr(importlib.import_module(module), function) is step.run
@@ -141,7 +141,7 @@ def test_output_schema_columns_and_clashes() -> None:
 def test_manifest_has_no_credentials() -> None:
     plan = _plan(
         storage_options={"key": "AKIA-SENTINEL", "secret": "SECRET-SENTINEL"},
-        hook_options={"api_key": "HOOK-SENTINEL"},
+        stage_options={"api_key": "HOOK-SENTINEL"},
     )
     plan.output_url = "s3://user:PASS-SENTINEL@bucket/out"
     result = {"index": 0, "url": "s3://b/x.jsonl", "status": "done", "rows": 1, "errors": 0, "reason": None,

@@ -13,6 +13,7 @@ from pipeline_support import jsonl_bytes, local_put, make_plan, write_uniform_sh
 
 import pipeline.part_sink as part_sink
 from connectors import list_shards, read_parts
+from jobs.kinds import KIND_NAMES  # the kinds this process holds: every module of jobs/kinds/
 from pipeline.part_sink import PartSink
 from pipeline.plan import JobPlan
 from pipeline.shard_driver import ShardDriver
@@ -114,7 +115,7 @@ def test_truncation_cuts_the_document_to_fit(dirs) -> None:
 
 def test_a_plan_naming_code_instead_of_a_kind_is_refused(dirs) -> None:
     inp, out = dirs
-    expected = "^unknown job kind 'os:system': expected one of summarize, embed, evaluate, extract, generate, harness_requests, openai_batch, perplexity$"
+    expected = f"^unknown job kind 'os:system': expected one of {', '.join(KIND_NAMES)}$"
     with pytest.raises(ValueError, match=expected):
         make_plan(str(inp), str(out), MODEL, kind="os:system")
     data = {**make_plan(str(inp), str(out), MODEL).to_dict(), "kind": "os:system"}

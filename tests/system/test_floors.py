@@ -15,6 +15,12 @@ SamplingParams`` would close a circle through ``engine/__init__.py`` and be caug
 ``test_a_package_import_inside_the_package_is_a_circle`` checks). Imports by a computed name
 (``importlib.import_module``) are not seen.
 
+A module's own ``TYPE_CHECKING`` imports are arrows for the floors but not for circles: they
+run nothing, so a kind's protocol may name the plan type the plan's lookup returns it under
+(``pipeline.kind_stages`` and ``pipeline.plan``) without an import-time loop. A package
+``__init__``'s ``TYPE_CHECKING`` block still counts for circles: it mirrors the package's lazy
+re-exports, which do run on first use.
+
 Each check is first run on snippets that break the rule, so a checker that finds nothing
 fails instead of passing.
 """
@@ -29,21 +35,11 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[2]
 FLOORS = {"engine": 0, "connectors": 0, "pipeline": 1, "jobs": 2, "service": 3, "harness": 3, "cli": 4}
 
-# Left to the `kinds` branch (issue 40), which moves the kind protocol and registry into
-# pipeline/ so that pipeline.kind_steps stops importing jobs.kinds; remove both at its merge.
-# Both are checked to be still there, so an exemption that has gone stale fails too.
-PENDING_KINDS_BRANCH = {("pipeline.kind_steps", "jobs.kinds")}
-PENDING_KINDS_BRANCH_CIRCLE = frozenset({
-    "jobs.engine_sections", "jobs.kinds", "jobs.kinds.base", "jobs.kinds.embed", "jobs.openai_merge",
-    "jobs.sections", "jobs.spec", "pipeline.embed_requests", "pipeline.kind_steps", "pipeline.output_schema",
-    "pipeline.plan", "pipeline.prompts", "pipeline.summary",
-})
-
-
 class Arrow(NamedTuple):
     source: str
     target: str
     line: int
+    typing_only: bool = False  # under ``if TYPE_CHECKING:`` in a module that is not a package
 
     def __str__(self) -> str:
         return f"{self.source}:{self.line} imports {self.target}"
@@ -64,7 +60,9 @@ def arrows(sources: dict[str, tuple[str, bool]]) -> list[Arrow]:
     found = []
     for module, (source, is_package) in sources.items():
         package = module if is_package else module.rpartition(".")[0]
-        for node in ast.walk(ast.parse(source)):
+        tree = ast.parse(source)
+        typing_lines = set() if is_package else _typing_only_lines(tree)
+        for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -78,8 +76,18 @@ def arrows(sources: dict[str, tuple[str, bool]]) -> list[Arrow]:
             for name in names:
                 target = _owner(name, modules)
                 if target is not None and target != module:
-                    found.append(Arrow(module, target, node.lineno))
+                    found.append(Arrow(module, target, node.lineno, node.lineno in typing_lines))
     return found
+
+
+def _typing_only_lines(tree: ast.AST) -> set[int]:
+    """Lines of the ``if TYPE_CHECKING:`` blocks of a module."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
 
 
 def _floor(module: str) -> int:
@@ -100,6 +108,8 @@ def circles(found: list[Arrow]) -> list[frozenset[str]]:
     """The strongly connected components of more than one module (Tarjan's, iterative)."""
     graph: dict[str, set[str]] = {}
     for a in found:
+        if a.typing_only:  # runs nothing: no import-time loop (see the module's docstring)
+            continue
         graph.setdefault(a.source, set()).add(a.target)
         graph.setdefault(a.target, set())
     index: dict[str, int] = {}
@@ -185,6 +195,12 @@ def test_the_checks_catch_each_broken_rule() -> None:
     ring = _snippets({"jobs.a": "from jobs.b import x\n", "jobs.b": "def f():\n    from jobs.c import y\n",
                       "jobs.c": "from . import a\n", "jobs.d": "from jobs.a import z\n"})
     assert circles(ring) == [frozenset({"jobs.a", "jobs.b", "jobs.c"})]
+    typed = _snippets({"pipeline.p": "from pipeline.k import K\n",
+                       "pipeline.k": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pipeline.p import P\n"})
+    assert circles(typed) == []  # a type-only arrow back closes no import-time loop
+    untyped = _snippets({"pipeline.p": "from pipeline.k import K\n", "pipeline.k": "from pipeline.p import P\n"})
+    assert circles(untyped) == [frozenset({"pipeline.p", "pipeline.k"})]
+    assert sorted(a.typing_only for a in typed) == [False, True]
     # Rules kept: downward, within one package, a package's lazy re-exports, outside names.
     fine = _snippets({
         "cli.app": "from jobs.spec import JobSpec\nimport harness.model\nimport typer\n",
@@ -220,10 +236,8 @@ def test_the_scan_sees_this_code_base() -> None:
 
 
 def test_no_module_imports_a_higher_floor() -> None:
-    found = upward(list(project_arrows()))
-    assert {(a.source, a.target) for a in found} >= PENDING_KINDS_BRANCH, "the kinds branch landed: drop its entry"
-    unexpected = [str(a) for a in found if (a.source, a.target) not in PENDING_KINDS_BRANCH]
-    assert unexpected == [], "imports of a higher floor:\n" + "\n".join(unexpected)
+    found = [str(a) for a in upward(list(project_arrows()))]
+    assert found == [], "imports of a higher floor:\n" + "\n".join(found)
 
 
 def test_the_packages_of_one_floor_do_not_import_each_other() -> None:
@@ -232,7 +246,5 @@ def test_the_packages_of_one_floor_do_not_import_each_other() -> None:
 
 
 def test_no_import_circles() -> None:
-    found = circles(list(project_arrows()))
-    assert PENDING_KINDS_BRANCH_CIRCLE in found, "the kinds circle changed or is gone: update or drop its entry"
-    others = [sorted(c) for c in found if c != PENDING_KINDS_BRANCH_CIRCLE]
-    assert others == [], f"modules importing each other in a circle: {others}"
+    found = [sorted(c) for c in circles(list(project_arrows()))]
+    assert found == [], f"modules importing each other in a circle: {found}"
