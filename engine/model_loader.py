@@ -12,11 +12,13 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from engine.config import QUANTIZATIONS
+from engine.model_registry import GGUF_FILE
 from engine.models.decoder import CausalLM
 from engine.models.layers import RotaryEmbedding
 from engine.models.linear import pack_linears
 from engine.models.registry import model_class
 from engine.quant.apply import QuantCollector, swap_linears
+from engine.quant.gguf_apply import AS_STORED_DTYPES, gguf_linears, swap_gguf_linears
 from engine.quant.scheme import checkpoint_scheme
 
 
@@ -114,10 +116,16 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: 
     missing = sorted(set(layout) - loaded)
     if missing or unexpected or wrong_shape:
         raise ValueError(_mismatch_message(model_dir, missing, unexpected, wrong_shape))
+    gguf = model_dir / GGUF_FILE  # a model built from a GGUF: its blocks, kept beside the float weights
+    gguf_found = None
+    if gguf.is_file() and quantization == "auto" and device == "cpu" and dtype in AS_STORED_DTYPES and shard is None:
+        gguf_found = gguf_linears(gguf, config, layout, params)
     if shard is not None:
         model = shard(model)
     model = model.to(device=device, dtype=dtype).eval()
-    model.quantization = "none"
+    model.quantization = f"GGUF dequantised to {dtype}" if gguf.is_file() else "none"
+    if gguf_found is not None:
+        model.quantization = swap_gguf_linears(model, *gguf_found)
     if scheme is not None:
         runs_quantized = quantization == "auto" and device == "cpu" and swap_linears(model, scheme, found) > 0
         model.quantization = scheme.describe() if runs_quantized else f"{scheme.checkpoint_format} dequantised to {dtype}"

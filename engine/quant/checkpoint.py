@@ -21,18 +21,23 @@ QUANT_SUFFIXES = ("weight_packed", "weight_shape", "weight_scale", "weight_zero_
 
 @dataclass
 class QuantWeight:
-    """``weight[o, i] = (values[o, i] - zero[o, i // group]) * scale[o, i // group]``."""
+    """``weight[o, i] = (values[o, i] - zero[o, i // group]) * scale[o, i // group] + offset[o, i // group]``
+    (no zero, no offset where None; ``offset``: GGUF's float minimums, ``engine/quant/gguf_blocks.py``)."""
 
     values: torch.Tensor  # int8 [out, in]: int8 values, or 4-bit ones in [-8, 7]
     scale: torch.Tensor  # float32 [out, groups]
     zero: torch.Tensor | None  # int8 [out, groups] (4-bit asymmetric), else None
     group_size: int  # columns per scale (``in`` for per-channel scales)
+    offset: torch.Tensor | None = None  # float32 [out, groups], added after scaling
 
     def dequantize(self) -> torch.Tensor:
         q = self.values.float().unflatten(1, (-1, self.group_size))
         if self.zero is not None:
             q = q - self.zero.float().unsqueeze(-1)
-        return (q * self.scale.unsqueeze(-1)).flatten(1)
+        w = q * self.scale.unsqueeze(-1)
+        if self.offset is not None:
+            w = w + self.offset.unsqueeze(-1)
+        return w.flatten(1)
 
     @staticmethod
     def cat(parts: list[QuantWeight]) -> QuantWeight:
@@ -41,10 +46,12 @@ class QuantWeight:
             return parts[0]
         if len({p.group_size for p in parts}) != 1:
             raise ValueError("stacked quantized linears have different group sizes")
-        zeros = [p.zero for p in parts]
-        zero = None if zeros[0] is None else torch.cat(zeros)
+        if len({(p.zero is None, p.offset is None) for p in parts}) != 1:
+            raise ValueError("stacked quantized linears differ in zero points or offsets")
+        zero = None if parts[0].zero is None else torch.cat([p.zero for p in parts])
+        offset = None if parts[0].offset is None else torch.cat([p.offset for p in parts])
         return QuantWeight(torch.cat([p.values for p in parts]), torch.cat([p.scale for p in parts]), zero,
-                           parts[0].group_size)
+                           parts[0].group_size, offset)
 
 
 def decode(tensors: dict[str, torch.Tensor], scheme: QuantScheme, name: str) -> QuantWeight | torch.Tensor:

@@ -104,6 +104,8 @@ class Int4Linear(nn.Module):
         unsigned = (qw.values.int() + 8).contiguous()  # torch's int4 layout: w = (u - 8) * scale + zero
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, 1))
         zero = torch.zeros_like(qw.scale) if qw.zero is None else -qw.zero.float() * qw.scale  # (q - zp) * s
+        if qw.offset is not None:  # GGUF's float minimum: (q - zp) * s + offset
+            zero = zero + qw.offset
         sz = torch.stack([qw.scale.float().t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
         self.register_buffer("scales_and_zeros", sz)  # [groups, out, 2]
         self.register_buffer("bias", None if bias is None else bias.detach().float())

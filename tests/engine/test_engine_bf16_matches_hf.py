@@ -53,11 +53,14 @@ def bf16_case(default_model_dir):
     return prompts, refs, gaps
 
 
-@pytest.mark.parametrize("prefix_caching", [True, False])
-def test_default_model_bf16_matches_hf_except_near_ties(bf16_case, prefix_caching):
+# quantization "none": the GGUF dequantised (HF's weights); "auto": its Q4_1 blocks as int4
+# (engine/quant/gguf_apply.py), held to the same near-tie contract
+@pytest.mark.parametrize(("prefix_caching", "quantization"), [(True, "none"), (False, "none"), (True, "auto")])
+def test_default_model_bf16_matches_hf_except_near_ties(bf16_case, prefix_caching, quantization):
     prompts, refs, gaps = bf16_case
     llm = LLM("smollm2-135m-instruct", dtype="bfloat16", num_kv_blocks=256, max_num_seqs=16,
-              enable_prefix_caching=prefix_caching)
+              enable_prefix_caching=prefix_caching, quantization=quantization)
+    assert llm.engine.quantization.startswith("GGUF as stored" if quantization == "auto" else "GGUF dequantised")
     outs = llm.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0))
     identical = 0
     for i, (out, ref, gap) in enumerate(zip(outs, refs, gaps, strict=True)):

@@ -1,0 +1,121 @@
+"""GGUF blocks run as stored (engine/quant/gguf_*.py): random blocks written with the ``gguf``
+package decode bit for bit to gguf's own dequantisation, the products on them match that float
+weight, and the packaged SmolLM2 (Q4_1) loads as int4, decoding like its dequantised self on
+bfloat16 at fewer resident bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFWriter
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize
+
+from engine import LLM, SamplingParams
+from engine.model_registry import DEFAULT_MODEL
+from engine.quant.gguf_blocks import BITS, decode
+from engine.quant.group_int8 import GroupInt8Linear
+from engine.quant.linear import Int4Linear
+
+ROWS, COLS = 128, 512  # Q4_K needs 256-column super-blocks, Int4Linear 64-row blocks
+
+
+def random_blocks(qtype: T, rng: np.random.Generator) -> np.ndarray:
+    """Random bytes as ``qtype`` blocks, with small finite float16 scales (and minimums)."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (ROWS * COLS // block, size), dtype=np.uint8)
+    d = rng.uniform(2e-4, 1e-3 if qtype == T.Q4_K else 2e-2, (raw.shape[0], 1)).astype(np.float16)
+    raw[:, :2] = d.view(np.uint8)
+    if qtype in (T.Q4_1, T.Q4_K):  # Q4_1's minimum, Q4_K's dmin
+        raw[:, 2:4] = rng.uniform(-0.05, 0.05, (raw.shape[0], 1)).astype(np.float16).view(np.uint8)
+    return raw.reshape(ROWS, -1)
+
+
+@pytest.fixture(scope="module")
+def gguf_tensors(tmp_path_factory):
+    """One tensor per type kept as stored, written to a GGUF file and read back as the loader reads it."""
+    path = tmp_path_factory.mktemp("gguf") / "blocks.gguf"
+    rng = np.random.default_rng(0)
+    writer = GGUFWriter(str(path), "llama")
+    for qtype in BITS:
+        writer.add_tensor(f"t.{qtype.name}", random_blocks(qtype, rng), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return {t.tensor_type: t for t in GGUFReader(path).tensors}
+
+
+@pytest.mark.parametrize("qtype", list(BITS), ids=lambda t: t.name)
+def test_blocks_decode_to_gguf_dequantisation_bit_for_bit(gguf_tensors, qtype):
+    t = gguf_tensors[qtype]
+    assert (int(t.shape[1]), int(t.shape[0])) == (ROWS, COLS)
+    qw = decode(t.data, qtype, (ROWS, COLS))
+    reference = torch.from_numpy(dequantize(t.data, qtype).copy()).reshape(ROWS, COLS)
+    assert torch.equal(qw.dequantize(), reference)
+    lo, hi = {4: (-8, 7), 8: (-128, 127)}[BITS[qtype]]
+    assert lo <= int(qw.values.min()) and int(qw.values.max()) <= hi
+
+
+@pytest.mark.parametrize("qtype", [q for q, b in BITS.items() if b == 4], ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [4, 40])  # the int4 kernel; the weight unpacked for the call
+def test_int4_product_matches_the_dequantised_layer(gguf_tensors, qtype, rows):
+    """The kernel takes scale and zero in bfloat16 (its float32 path is scalar, docs): the bound is
+    that rounding of each group's ``(q - 8) * scale`` and ``zero``, plus the output's, 2^-8 each."""
+    qw = decode(gguf_tensors[qtype].data, qtype, (ROWS, COLS))
+    reference = qw.dequantize()
+    layer = Int4Linear(qw, None)
+    x = torch.randn(rows, COLS, generator=torch.Generator().manual_seed(rows))
+    xb = x.bfloat16().float()
+    expected = F.linear(xb, reference)
+    q = qw.values.float()  # the kernel's u - 8, u = values + 8
+    scale = qw.scale.repeat_interleave(32, 1)
+    zero = (8 * scale if qw.zero is not None else 0) + (0 if qw.offset is None else qw.offset.repeat_interleave(32, 1))
+    magnitude = (q * scale).abs() + torch.as_tensor(zero).abs()
+    bound = 2 ** -8 * (xb.abs() @ magnitude.t() + expected.abs()) + 1e-6
+    err = (layer(x.bfloat16()).float() - expected).abs()
+    assert bool((err <= bound).all()), float((err / bound).max())
+
+
+@pytest.mark.parametrize("qtype", [q for q, b in BITS.items() if b == 8], ids=lambda t: t.name)
+def test_group_int8_product_is_the_dequantised_product(gguf_tensors, qtype):
+    qw = decode(gguf_tensors[qtype].data, qtype, (ROWS, COLS))
+    reference = qw.dequantize()
+    layer = GroupInt8Linear(qw, None)
+    assert layer.values.dtype == torch.int8 and layer.scale.dtype == torch.float16  # as stored
+    assert torch.equal(layer.dequantized_weight(), reference)
+    x = torch.randn(6, COLS, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(layer(x), F.linear(x, reference))
+    assert torch.equal(layer(x.bfloat16()), F.linear(x.bfloat16(), reference.bfloat16()))
+
+
+def _weight_bytes(llm: LLM) -> int:
+    model, seen, total = llm.engine.runner.model, set(), 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+# The dequantised model and the int4 one are two bfloat16 roundings of the same float32 weight
+# (one rounds each weight, the other each group's scale and zero): greedy tokens agree on these
+# prompts; a prompt whose top-2 logits sit within bfloat16 noise may take either token (the
+# near-tie contract of test_engine_bf16_matches_hf.py, which runs the as-stored path against HF).
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small robot"]
+
+
+def test_packaged_smollm2_runs_q4_1_as_int4():
+    params = SamplingParams(max_tokens=16, temperature=0.0)
+    runs = {}
+    for quantization in ("auto", "none"):
+        llm = LLM(DEFAULT_MODEL, dtype="bfloat16", quantization=quantization, num_kv_blocks=32)
+        outs = llm.generate(PROMPTS, params)
+        runs[quantization] = (llm.engine.quantization, [o.outputs[0].token_ids for o in outs], _weight_bytes(llm))
+    assert runs["auto"][0] == "GGUF as stored: Q4_1 as int4 x120"  # 30 layers x (qkv, o, gate_up, down)
+    assert runs["none"][0] == "GGUF dequantised to torch.bfloat16"
+    assert runs["auto"][1] == runs["none"][1]
+    # the tied 49152 x 576 embedding stays bfloat16 (57 MB); the linears go from 2 to 0.625 bytes a weight
+    assert runs["auto"][2] < 0.6 * runs["none"][2], (runs["auto"][2], runs["none"][2])
