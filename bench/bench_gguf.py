@@ -25,7 +25,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from quant_checkpoints import weight_bytes  # noqa: E402
 from sysinfo import cpu_info  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
@@ -36,14 +38,6 @@ VARIANTS = {"as stored (bfloat16)": ("bfloat16", "auto"), "dequantised bfloat16"
             "dequantised float32": ("float32", "none")}
 TIMED = ("as stored (bfloat16)", "dequantised bfloat16")
 
-
-def weight_bytes(llm: LLM) -> int:
-    model, seen, total = llm.engine.runner.model, set(), 0
-    for t in [*model.parameters(), *model.buffers()]:
-        if t.untyped_storage().data_ptr() not in seen:
-            seen.add(t.untyped_storage().data_ptr())
-            total += t.untyped_storage().nbytes()
-    return total
 
 
 def int8_group_options(rounds: int = 5) -> dict:

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from quant_checkpoints import write_quantized  # noqa: E402
+from quant_checkpoints import weight_bytes, write_quantized  # noqa: E402
 from sysinfo import cpu_info  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
@@ -60,15 +60,6 @@ def checkpoints(int4_kind: str, group: int, fp8: bool, extra: list[str]) -> dict
         out[name] = (Path(folder).expanduser(), "bfloat16")
     return out
 
-
-def weight_bytes(llm: LLM) -> int:
-    model, seen, total = llm.engine.runner.model, set(), 0
-    for t in [*model.parameters(), *model.buffers()]:
-        key = t.untyped_storage().data_ptr()
-        if key not in seen and t.device.type == "cpu" and not t.is_meta:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-    return total
 
 
 def linear_bytes(llm: LLM) -> int:

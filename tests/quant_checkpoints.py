@@ -66,3 +66,44 @@ def write_quantized(src: Path, out: Path, kind: str, group_size: int = 32) -> Pa
         if (Path(src) / name).is_file():
             shutil.copy(Path(src) / name, out / name)
     return out
+
+
+def weight_bytes(llm) -> int:
+    """Resident bytes of a loaded model's weights and buffers, each storage counted once (tied
+    tensors share one), CPU storages only."""
+    model, seen, total = llm.engine.runner.model, set(), 0
+    for t in [*model.parameters(), *model.buffers()]:
+        key = t.untyped_storage().data_ptr()
+        if key not in seen and t.device.type == "cpu" and not t.is_meta:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def use_int4_reference(monkeypatch, weights: dict[str, torch.Tensor], vocab: int) -> None:
+    """Make every LLM built after this the int4 products' float reference: its linears get
+    ``weights`` (the dequantised int4 weights, bfloat16 scales and zeros) and repacked, and each
+    linear but the LM head (``vocab`` outputs) rounds its input to bfloat16 and, at the few rows
+    the int4 kernel takes, its output too."""
+    from engine import LLM
+    from engine.models.linear import Linear
+    from engine.quant.linear import Int4Linear
+
+    plain, built = Linear.forward, LLM.__init__
+
+    def with_int4_weights(self, *args, **kwargs):
+        built(self, *args, **kwargs)
+        model = self.engine.runner.model
+        for name, weight in weights.items():
+            module = model.get_submodule(name)
+            module.weight.data.copy_(weight)
+            module.pack()
+
+    def rounded(self, x):
+        if self.out_features == vocab:
+            return plain(self, x)
+        out = plain(self, x.bfloat16().float())
+        return out.bfloat16().float() if x.shape[0] <= Int4Linear.KERNEL_MAX_ROWS else out
+
+    monkeypatch.setattr(LLM, "__init__", with_int4_weights)
+    monkeypatch.setattr(Linear, "forward", rounded)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFWriter
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
+from quant_checkpoints import weight_bytes
 
 from engine import LLM, SamplingParams
 from engine.model_registry import DEFAULT_MODEL
@@ -91,14 +92,6 @@ def test_group_int8_product_is_the_dequantised_product(gguf_tensors, qtype):
     assert torch.equal(layer(x.bfloat16()), F.linear(x.bfloat16(), reference.bfloat16()))
 
 
-def _weight_bytes(llm: LLM) -> int:
-    model, seen, total = llm.engine.runner.model, set(), 0
-    for t in [*model.parameters(), *model.buffers()]:
-        if t.untyped_storage().data_ptr() not in seen:
-            seen.add(t.untyped_storage().data_ptr())
-            total += t.untyped_storage().nbytes()
-    return total
-
 
 # The dequantised model and the int4 one are two bfloat16 roundings of the same float32 weight
 # (one rounds each weight, the other each group's scale and zero): greedy tokens agree on these
@@ -113,7 +106,7 @@ def test_packaged_smollm2_runs_q4_1_as_int4():
     for quantization in ("auto", "none"):
         llm = LLM(DEFAULT_MODEL, dtype="bfloat16", quantization=quantization, num_kv_blocks=32)
         outs = llm.generate(PROMPTS, params)
-        runs[quantization] = (llm.engine.quantization, [o.outputs[0].token_ids for o in outs], _weight_bytes(llm))
+        runs[quantization] = (llm.engine.quantization, [o.outputs[0].token_ids for o in outs], weight_bytes(llm))
     assert runs["auto"][0] == "GGUF as stored: Q4_1 as int4 x120"  # 30 layers x (qkv, o, gate_up, down)
     assert runs["none"][0] == "GGUF dequantised to torch.bfloat16"
     assert runs["auto"][1] == runs["none"][1]

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from quant_checkpoints import use_int4_reference
 from safetensors import safe_open
 
 from engine import LLM, SamplingParams
-from engine.models.linear import Linear
 from engine.quant.checkpoint import decode
 from engine.quant.linear import Int4Linear
 from engine.quant.scheme import QuantScheme, WeightFormat, checkpoint_scheme
@@ -87,23 +87,7 @@ def test_gptq_int4_tokens_equal_the_dequantised_model(monkeypatch):
     model = LLM(str(FIXTURE), num_kv_blocks=16).engine.runner.model
     weights = {n: m.dequantized_weight() for n, m in model.named_modules() if isinstance(m, Int4Linear)}
     assert len(weights) == 8  # qkv, o, gate_up, down in each of 2 layers
-    plain, built = Linear.forward, LLM.__init__
-
-    def with_int4_weights(self, *args, **kwargs):
-        built(self, *args, **kwargs)
-        for name, weight in weights.items():
-            module = self.engine.runner.model.get_submodule(name)
-            module.weight.data.copy_(weight)
-            module.pack()
-
-    def rounded(self, x):
-        if self.out_features == VOCAB:
-            return plain(self, x)
-        out = plain(self, x.bfloat16().float())
-        return out.bfloat16().float() if x.shape[0] <= Int4Linear.KERNEL_MAX_ROWS else out
-
-    monkeypatch.setattr(LLM, "__init__", with_int4_weights)
-    monkeypatch.setattr(Linear, "forward", rounded)
+    use_int4_reference(monkeypatch, weights, VOCAB)
     none, reference = _greedy("none")
     assert none == "pack-quantized dequantised to torch.float32"
     assert quantized == reference

@@ -10,7 +10,7 @@ import pytest
 import torch
 from engine_cases import random_prompts
 from model_fixtures import build_tiny_llama
-from quant_checkpoints import write_quantized
+from quant_checkpoints import use_int4_reference, write_quantized
 from safetensors import safe_open
 
 from engine import LLM, SamplingParams
@@ -110,24 +110,7 @@ def test_weight_only_int4_tokens_equal_the_dequantised_model(quant_dirs, monkeyp
     auto = LLM(str(folder), num_kv_blocks=16).engine.runner.model
     weights = {n: m.dequantized_weight() for n, m in auto.named_modules() if isinstance(m, Int4Linear)}
     assert len(weights) == 8  # qkv, o, gate_up, down in each of 2 layers
-    plain, built = Linear.forward, LLM.__init__
-
-    def with_int4_weights(self, *args, **kwargs):
-        built(self, *args, **kwargs)
-        model = self.engine.runner.model
-        for name, weight in weights.items():
-            module = model.get_submodule(name)
-            module.weight.data.copy_(weight)
-            module.pack()
-
-    def rounded(self, x):
-        if self.out_features == VOCAB:
-            return plain(self, x)
-        out = plain(self, x.bfloat16().float())
-        return out.bfloat16().float() if x.shape[0] <= Int4Linear.KERNEL_MAX_ROWS else out
-
-    monkeypatch.setattr(LLM, "__init__", with_int4_weights)
-    monkeypatch.setattr(Linear, "forward", rounded)
+    use_int4_reference(monkeypatch, weights, VOCAB)
     none, reference = greedy(folder, "none")
     assert none == "pack-quantized dequantised to torch.float32"
     assert quantized == reference
