@@ -31,7 +31,7 @@ from quant_checkpoints import weight_bytes  # noqa: E402
 from sysinfo import cpu_info  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
-from engine.host import cpu_flags  # noqa: E402
+from engine.cpu_info import cpu_flags  # noqa: E402
 from engine.model_registry import GEMMA3_270M  # noqa: E402
 
 VARIANTS = {"as stored (bfloat16)": ("bfloat16", "auto"), "dequantised bfloat16": ("bfloat16", "none"),

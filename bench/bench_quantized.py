@@ -32,7 +32,7 @@ from quant_checkpoints import weight_bytes, write_quantized  # noqa: E402
 from sysinfo import cpu_info  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
-from engine.host import cpu_flags  # noqa: E402
+from engine.cpu_info import cpu_flags  # noqa: E402
 from engine.model_registry import DEFAULT_MODEL, cache_dir, resolve_model  # noqa: E402
 from engine.quant.linear import exact_int8_gemm  # noqa: E402
 
