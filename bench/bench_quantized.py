@@ -44,20 +44,23 @@ def simd_flags() -> dict:
     return {"flags": sorted(f for f in cpu_flags() if any(k in f for k in SIMD)), "int8_int_mm": exact_int8_gemm()}
 
 
-def checkpoints(int4_kind: str, group: int, fp8: bool, extra: list[str]) -> dict[str, tuple[Path, str]]:
-    """``group``: 576 and 1536 are multiples of 32 and 64, not of llm-compressor's default 128.
-    ``extra``: ``NAME=FOLDER`` checkpoints made elsewhere (``bench/quant_calibrated.py``: GPTQ)."""
+def checkpoints(int4_kind: str, group: int, fp8: bool, extra: list[str]) -> dict[str, tuple[Path, str, str]]:
+    """``(folder, dtype, quantization)`` by variant name. ``group``: 576 and 1536 are multiples of
+    32 and 64, not of llm-compressor's default 128. ``extra``: ``NAME=FOLDER`` checkpoints made
+    elsewhere (``bench/quant_calibrated.py``: GPTQ). The packaged model is a Q4_1 GGUF: its float
+    baselines are dequantised (``quantization="none"``), and ``gguf-q4_1`` runs it as stored."""
     src = resolve_model(DEFAULT_MODEL)
-    out = {"float32": (src, "float32"), "bfloat16": (src, "bfloat16")}
+    out = {"float32": (src, "float32", "none"), "bfloat16": (src, "bfloat16", "none"),
+           "gguf-q4_1": (src, "bfloat16", "auto")}
     kinds = [("int8", "int8-w8a8"), (int4_kind, "int4-w4a16")] + ([("fp8", "fp8")] if fp8 else [])
     for kind, name in kinds:
         folder = cache_dir() / "quantized" / f"{DEFAULT_MODEL}-{kind}-g{group}"
         if not (folder / "config.json").is_file():
             write_quantized(src, folder, kind, group)
-        out[name] = (folder, "bfloat16")  # the float parts (attention, LM head) run in bfloat16
+        out[name] = (folder, "bfloat16", "auto")  # the float parts (attention, LM head) run in bfloat16
     for item in extra:
         name, _, folder = item.partition("=")
-        out[name] = (Path(folder).expanduser(), "bfloat16")
+        out[name] = (Path(folder).expanduser(), "bfloat16", "auto")
     return out
 
 
@@ -132,6 +135,7 @@ def main() -> None:
     ap.add_argument("--decode-seqs", type=int, default=2)
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--warm-rounds", type=int, default=1, help="untimed rounds first (first touch of the KV pool, oneDNN's kernels)")
     ap.add_argument("--ppl-file", default="/usr/share/common-licenses/GPL-3")
     ap.add_argument("--ppl-tokens", type=int, default=2048)
     ap.add_argument("--int4", default="int4", choices=["int4", "int4-asym"], help="symmetric, or with zero points")
@@ -146,8 +150,8 @@ def main() -> None:
     blocks = args.prompts * -(-(args.prompt_len + args.out_len) // 16) + 64
     llms, result = {}, {"command": " ".join(sys.argv), "cpu": cpu_info() | simd_flags(), "variants": {}}
     print("cpu", result["cpu"], flush=True)
-    for name, (folder, dtype) in checkpoints(args.int4, args.group, args.fp8, args.extra).items():
-        llm = llms[name] = LLM(str(folder), dtype=dtype, num_kv_blocks=blocks)
+    for name, (folder, dtype, quant) in checkpoints(args.int4, args.group, args.fp8, args.extra).items():
+        llm = llms[name] = LLM(str(folder), dtype=dtype, quantization=quant, num_kv_blocks=blocks)
         result["variants"][name] = {"folder": str(folder), "dtype": dtype, "runs": llm.engine.quantization,
                                     "weight_bytes": weight_bytes(llm), "linear_bytes": linear_bytes(llm),
                                     "uniform_s": [], "decode_s": []}
@@ -175,6 +179,9 @@ def main() -> None:
     names = list(llms)
     flops = args.prompts * (args.prompt_len + args.out_len) * 0.27e9
     result["uniform_gflop"] = round(flops / 1e9, 1)
+    for _ in range(args.warm_rounds):  # a cold first round ran 2-4x slower than the next ones here
+        for name in names:
+            timed(llms[name], uniform, SamplingParams(max_tokens=args.out_len, temperature=0, ignore_eos=True))
     for r in range(args.rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             v = base[name]
