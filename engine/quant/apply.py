@@ -1,6 +1,7 @@
 """A quantized checkpoint through the loader: its quantized linears' tensors collected while the
-loader reads the files, decoded, and (on the CPU) the model's Linears swapped for the quantized
-products of ``linear.py``.
+loader reads the files, decoded, and the model's Linears swapped for the quantized products where
+they run (``runs_as_stored``): int8 and int4 on the CPU (``linear.py``), FP8 on CUDA GPUs of
+compute capability 8.9 or later (``fp8_linear.py``).
 
 The loader first fills every float parameter with the dequantised weight (``QuantWeight.dequantize``),
 so the name checks stay the loader's and ``quantization = "none"`` is that model as it stands;
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from engine.quant.checkpoint import QUANT_SUFFIXES, QuantWeight, decode
+from engine.quant.fp8_linear import Fp8Linear, Fp8Weight
 from engine.quant.linear import Int4Linear, Int8Linear
 from engine.quant.scheme import QuantScheme, WeightFormat
 
@@ -36,23 +38,29 @@ class QuantCollector:
         self.parts.setdefault(prefix, {})[suffix] = get()
         return True
 
-    def weights(self) -> Iterator[tuple[str, torch.Tensor, QuantWeight | None]]:
-        """``(HF weight name, float32 weight, QuantWeight or None for FP8)`` per quantized linear."""
+    def weights(self) -> Iterator[tuple[str, torch.Tensor, QuantWeight | Fp8Weight]]:
+        """``(HF weight name, float32 weight, decoded weight)`` per quantized linear."""
         for prefix, tensors in self.parts.items():
             decoded = decode(tensors, self.scheme, prefix)
-            if isinstance(decoded, QuantWeight):
-                yield f"{prefix}.weight", decoded.dequantize(), decoded
-            else:
-                yield f"{prefix}.weight", decoded, None
+            yield f"{prefix}.weight", decoded.dequantize(), decoded
 
 
-def swap_linears(model: nn.Module, scheme: QuantScheme, found: dict[tuple[str, int], QuantWeight]) -> int:
+def runs_as_stored(scheme: QuantScheme, device: str) -> bool:
+    """Whether ``device`` has this format's products: int8/int4 are CPU kernels; FP8 needs
+    ``torch._scaled_mm`` on a CUDA GPU of compute capability 8.9+ (Ada, Hopper, Blackwell). FP8 on the
+    CPU stays dequantised: torch's CPU ``_scaled_mm`` exists, but is the tests' reference, not a fast path."""
+    dev = torch.device(device)
+    if scheme.format == WeightFormat.FP8:
+        return dev.type == "cuda" and torch.cuda.get_device_capability(dev) >= (8, 9)
+    return dev.type == "cpu"
+
+
+def swap_linears(model: nn.Module, scheme: QuantScheme, found: dict[tuple[str, int], QuantWeight | Fp8Weight]) -> int:
     """Replace each Linear whose weight rows are all covered by ``found`` ((parameter name, first
-    row) -> QuantWeight) with the quantized product; returns how many were replaced."""
-    cls = {WeightFormat.INT8: Int8Linear, WeightFormat.INT4: Int4Linear}.get(scheme.format)
-    if cls is None:
-        return 0
-    by_param: dict[str, list[tuple[int, QuantWeight]]] = {}
+    row) -> decoded weight) with the quantized product, on the Linear's device; returns how many
+    were replaced."""
+    cls = {WeightFormat.INT8: Int8Linear, WeightFormat.INT4: Int4Linear, WeightFormat.FP8: Fp8Linear}[scheme.format]
+    by_param: dict[str, list[tuple[int, QuantWeight | Fp8Weight]]] = {}
     for (pname, start), qw in found.items():
         by_param.setdefault(pname, []).append((start, qw))
     swapped = 0
@@ -64,7 +72,7 @@ def swap_linears(model: nn.Module, scheme: QuantScheme, found: dict[tuple[str, i
         if rows != module.weight.shape[0] or module.weight.shape[1] != parts[0][1].values.shape[1]:
             continue  # partly quantized (or a tied weight): stays float
         try:
-            quantized = cls(QuantWeight.cat([qw for _, qw in parts]), module.bias)
+            quantized = cls(type(parts[0][1]).cat([qw for _, qw in parts]), module.bias).to(module.weight.device)
         except ValueError:  # a shape the product does not take (Int4Linear: rows in blocks of 64): stays float
             continue
         parent, _, child = mname.rpartition(".")

@@ -9,8 +9,9 @@ and format it does not load. Supported, as ``llm-compressor`` writes them (``com
 - ``pack-quantized`` 4-bit weights in int32 words, group-wise scales, with or without zero points,
   no activation quantization (W4A16): runs as int4 weight-only products;
 - ``float-quantized`` FP8 (E4M3) weights, per-channel or per-tensor scales, any FP8 activation
-  scheme (W8A8-FP8): on the CPU the weights are dequantised once to the model's dtype (no FP8
-  products on these CPUs), so it runs as a float model.
+  scheme (W8A8-FP8): on CUDA (compute capability 8.9+) FP8 x FP8 products with per-channel weight
+  and dynamic per-token activation scales (``fp8_linear.py``); on the CPU the weights are
+  dequantised once to the model's dtype, so it runs as a float model.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ SUPPORTED = "compressed-tensors int8 W8A8 (int-quantized), 4-bit W4A16 (pack-qua
 class WeightFormat(StrEnum):
     INT8 = "int8"  # W8A8: int8 weights per channel, int8 activations per token
     INT4 = "int4"  # W4A16: 4-bit weights per group
-    FP8 = "fp8"  # dequantised to float on load
+    FP8 = "fp8"  # W8A8-FP8 on CUDA; dequantised to float on the CPU
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class QuantScheme:
         runs = {WeightFormat.INT8: "int8 W8A8 (int8 x int8 products, per-token activation scales)",
                 WeightFormat.INT4: f"int4 W4A16 (group {self.group_size}, "
                                    f"{'symmetric' if self.symmetric else 'with zero points'})",
-                WeightFormat.FP8: "FP8 weights dequantised once to the model's dtype (no FP8 products on CPU)"}
+                WeightFormat.FP8: "FP8 W8A8 (torch._scaled_mm, per-channel weight and per-token activation scales)"}
         return runs[self.format]
 
 
