@@ -121,6 +121,7 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: 
     gguf_found = None
     if gguf.is_file() and quantization == "auto" and device == "cpu" and dtype in AS_STORED_DTYPES and shard is None:
         gguf_found = gguf_linears(gguf, config, layout, params)
+    kv_scales = collector.kv_cache_scales(config.num_hidden_layers) if collector is not None else None
     if shard is not None:
         model = shard(model)
     model = model.to(device=device, dtype=dtype).eval()
@@ -130,6 +131,7 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: 
     if scheme is not None:
         runs_quantized = quantization == "auto" and runs_as_stored(scheme, device) and swap_linears(model, scheme, found) > 0
         model.quantization = scheme.describe() if runs_quantized else f"{scheme.checkpoint_format} dequantised to {dtype}"
+    model.kv_cache_scales = kv_scales  # per layer (key, value), for an FP8 KV pool (ModelRunner)
     if device == "cpu" and os.environ.get("TOKENMILL_PACK_WEIGHTS", "1") != "0":
         pack_linears(model)  # oneDNN layout, once (engine/models/linear.py)
     return model

@@ -11,6 +11,7 @@ float weight is dropped with the module.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 
 import torch
@@ -21,6 +22,8 @@ from engine.quant.fp8_linear import Fp8Linear, Fp8Weight
 from engine.quant.linear import Int4Linear, Int8Linear
 from engine.quant.scheme import QuantScheme, WeightFormat
 
+KV_SCALES = ("k_scale", "v_scale")  # llm-compressor's names, on each layer's self_attn
+
 
 class QuantCollector:
     """Gathers each quantized linear's tensors as the loader walks the checkpoint."""
@@ -29,14 +32,38 @@ class QuantCollector:
         self.scheme = scheme
         self.quantized = {n.rpartition(".")[0] for n in names if n.endswith(".weight_scale")}
         self.parts: dict[str, dict[str, torch.Tensor]] = {}
+        self.kv: dict[str, float] = {}  # "...layers.N.self_attn.k_scale" -> its value
 
     def take(self, hf_name: str, get: Callable[[], torch.Tensor]) -> bool:
-        """Keep ``hf_name`` if it belongs to a quantized linear (True), else leave it to the loader."""
+        """Keep ``hf_name`` if it belongs to a quantized linear or is a KV scale (True), else
+        leave it to the loader."""
         prefix, _, suffix = hf_name.rpartition(".")
+        if self.scheme.kv_scales and suffix in KV_SCALES:
+            value = get()
+            if value.numel() != 1:
+                raise ValueError(f"{hf_name} has {value.numel()} values; only per-tensor KV scales are loaded")
+            self.kv[hf_name] = float(value.float().reshape(()))
+            return True
         if prefix not in self.quantized or (suffix != "weight" and suffix not in QUANT_SUFFIXES):
             return False
         self.parts.setdefault(prefix, {})[suffix] = get()
         return True
+
+    def kv_cache_scales(self, num_layers: int) -> list[tuple[float, float]] | None:
+        """Each decoder layer's (key, value) scale from a ``kv_cache_scheme`` checkpoint, in layer
+        order (None without one); a layer without both is one error naming what is missing."""
+        if not self.scheme.kv_scales:
+            return None
+        found: dict[tuple[int, str], float] = {}
+        for name, value in self.kv.items():
+            layer = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
+            if layer is not None:
+                found[(int(layer.group(1)), name.rpartition(".")[2])] = value
+        missing = [f"layer {i} {s}" for i in range(num_layers) for s in KV_SCALES if (i, s) not in found]
+        if missing:
+            raise ValueError(f"kv_cache_scheme checkpoint without {', '.join(missing[:4])}"
+                             + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
+        return [(found[(i, "k_scale")], found[(i, "v_scale")]) for i in range(num_layers)]
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor, QuantWeight | Fp8Weight]]:
         """``(HF weight name, float32 weight, decoded weight)`` per quantized linear."""

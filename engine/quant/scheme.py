@@ -12,6 +12,11 @@ and format it does not load. Supported, as ``llm-compressor`` writes them (``com
   scheme (W8A8-FP8): on CUDA (compute capability 8.9+) FP8 x FP8 products with per-channel weight
   and dynamic per-token activation scales (``fp8_linear.py``); on the CPU the weights are
   dequantised once to the model's dtype, so it runs as a float model.
+
+A ``kv_cache_scheme`` of static per-tensor FP8 (``k_scale``/``v_scale`` per attention layer, as
+llm-compressor calibrates them) is taken beside any of these: the scales are what an FP8 KV pool
+(``kv_cache_dtype="fp8"``) divides by; with another pool they are not used. Other KV schemes
+(per-head, dynamic, integer) are refused in one line.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class QuantScheme:
     symmetric: bool
     targets: tuple[str, ...]
     ignore: tuple[str, ...]  # module names or ``re:`` patterns left in float
+    kv_scales: bool = False  # the checkpoint has static per-tensor FP8 k_scale/v_scale per attention layer
 
     def describe(self) -> str:
         runs = {WeightFormat.INT8: "int8 W8A8 (int8 x int8 products, per-token activation scales)",
@@ -77,8 +83,11 @@ def checkpoint_scheme(config) -> QuantScheme | None:
     groups = list((qc.get("config_groups") or {}).values())
     if not groups:
         raise _refuse("compressed-tensors checkpoint without config_groups")
-    if qc.get("kv_cache_scheme"):
-        raise _refuse("compressed-tensors kv_cache_scheme (quantized KV cache)")
+    kv = qc.get("kv_cache_scheme") or {}
+    if kv and not (kv.get("type") == "float" and kv.get("num_bits") == 8 and kv.get("strategy") == "tensor"
+                   and not kv.get("dynamic")):
+        raise _refuse(f"compressed-tensors kv_cache_scheme {kv.get('type')}{kv.get('num_bits')} {kv.get('strategy')}"
+                      f"{' dynamic' if kv.get('dynamic') else ''} (only static per-tensor FP8 KV scales)")
     if any(g != groups[0] for g in groups[1:]):
         raise _refuse("compressed-tensors checkpoint with several different config_groups")
     group = groups[0]
@@ -96,14 +105,14 @@ def checkpoint_scheme(config) -> QuantScheme | None:
     if fmt == "float-quantized" and wtype == "float" and bits == 8 and strategy in ("channel", "tensor"):
         if act is not None and (act.get("type") != "float" or act.get("num_bits") != 8):
             raise _refuse(f"float-quantized weights with {act.get('type')}{act.get('num_bits')} activations")
-        return QuantScheme(WeightFormat.FP8, fmt, None, sym, targets, ignore)
+        return QuantScheme(WeightFormat.FP8, fmt, None, sym, targets, ignore, bool(kv))
     if fmt in ("int-quantized", "naive-quantized") and wtype == "int" and bits == 8 and strategy == "channel" and sym:
         ok_act = act is not None and act.get("type") == "int" and act.get("num_bits") == 8 and \
             act.get("strategy") == "token" and act.get("dynamic") is True and act.get("symmetric", True)
         if not ok_act:
             raise _refuse(f"{fmt} int8 weights without dynamic per-token int8 activations ({act})")
-        return QuantScheme(WeightFormat.INT8, fmt, None, True, targets, ignore)
+        return QuantScheme(WeightFormat.INT8, fmt, None, True, targets, ignore, bool(kv))
     if fmt == "pack-quantized" and wtype == "int" and bits == 4 and strategy == "group" and act is None:
-        return QuantScheme(WeightFormat.INT4, fmt, int(w["group_size"]), sym, targets, ignore)
+        return QuantScheme(WeightFormat.INT4, fmt, int(w["group_size"]), sym, targets, ignore, bool(kv))
     scheme = f"{wtype}{bits} {strategy} weights" + (f", {act.get('type')}{act.get('num_bits')} activations" if act else "")
     raise _refuse(f"compressed-tensors format {fmt!r} with {scheme}")
