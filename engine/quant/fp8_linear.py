@@ -16,6 +16,7 @@ loader leaves that linear in float.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -83,10 +84,14 @@ class Fp8Linear(nn.Module):
 
 def quantize_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row E4M3: one Triton launch on CUDA (``fp8_triton.py``), torch ops elsewhere."""
-    if x.is_cuda:
-        try:
-            from engine.quant.fp8_triton import quantize_rows
-        except ImportError:  # triton is optional
-            return quantize_fp8_rows(x)
-        return quantize_rows(x)
-    return quantize_fp8_rows(x)
+    return _cuda_quantize()(x) if x.is_cuda else quantize_fp8_rows(x)
+
+
+@functools.cache
+def _cuda_quantize():
+    """The Triton row quantization, imported once (the torch ops where triton is not installed)."""
+    try:
+        from engine.quant.fp8_triton import quantize_rows
+    except ImportError:  # triton is optional
+        return quantize_fp8_rows
+    return quantize_rows
