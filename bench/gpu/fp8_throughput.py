@@ -9,7 +9,9 @@ models of Llama-3.2-1B's and Llama-3.1-8B's shapes, each run three ways with the
 Each config: start-up, a short warm-up, then ``--passes`` timed passes (2; the 8B shape
 ``--passes-8b``, 1), the last reported. Each prints output tokens/s, the ratio to ``bf16``, the
 KV pool's blocks and bytes, and the decode graph's device time per step; everything lands in
-``--out`` (JSON) after each section.
+``--out`` (JSON) after each section. First, on a small model of the 1B's attention shape
+(``MID``), ``graphs-vs-eager`` counts the prompts whose greedy tokens with FP8 weights and FP8 KV
+are the same with CUDA graphs as eager (and as with a bfloat16 pool).
 
     PYTHONPATH=$PWD python bench/gpu/fp8_throughput.py --out $OUT/fp8-throughput.json
     PYTHONPATH=$PWD python bench/gpu/fp8_throughput.py --out /tmp/fp8.json --smoke   # CPU dry run
@@ -31,12 +33,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import LLAMA_1B, LLAMA_8B, TINY, Recorder, build_model, device_meta, free  # noqa: E402
+from common import LLAMA_1B, LLAMA_8B, MID, TINY, Recorder, build_model, device_meta, free  # noqa: E402
 from fp8_checkpoint import write_fp8_checkpoint  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
 
-SHAPES = {"1b": LLAMA_1B, "8b": LLAMA_8B, "tiny": TINY}
+SHAPES = {"1b": LLAMA_1B, "8b": LLAMA_8B, "mid": MID, "tiny": TINY}
 CONFIGS = ("bf16", "fp8", "fp8-kv")
 
 
@@ -85,6 +87,32 @@ def run(model_dir: Path, settings: dict, prompts, budgets, passes: int, device: 
     return res
 
 
+def graphs_vs_eager(folder: Path, device: str, smoke: bool) -> dict:
+    """Greedy tokens of the FP8 copy (FP8 KV) with CUDA graphs against the same engine eager, and
+    against the bfloat16 pool with graphs: the graph paths must not change what FP8 computes.
+    Counts only; the throughput sections are read knowing whether these agree."""
+    from common import random_prompts
+
+    prompts = random_prompts(16, seed=3, vocab=MID["vocab_size"])
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    common = dict(dtype="bfloat16", device=device, max_model_len=512, max_num_seqs=16, num_kv_blocks=256)
+    common |= dict(attention_backend="torch") if smoke else dict(attention_backend="triton")
+    runs = {}
+    for name, extra in (("fp8-kv-graphs", dict(kv_cache_dtype="fp8")), ("fp8-kv-eager", dict(kv_cache_dtype="fp8",
+                        enforce_eager=True)), ("bf16-kv-graphs", {})):
+        llm = LLM(str(folder), **common, **extra)
+        runs[name] = [o.token_ids for o in llm.generate(prompts, params)]
+        runs[name + "-quantization"] = llm.engine.quantization
+        del llm
+        free() if device == "cuda" else None
+    same = lambda a, b: sum(x == y for x, y in zip(runs[a], runs[b], strict=True))  # noqa: E731
+    res = {"prompts": len(prompts), "graphs_vs_eager_identical": same("fp8-kv-graphs", "fp8-kv-eager"),
+           "fp8_vs_bf16_kv_identical": same("fp8-kv-graphs", "bf16-kv-graphs"),
+           "quantization": runs["fp8-kv-graphs-quantization"]}
+    print(f"  {res}", flush=True)
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -112,6 +140,14 @@ def main() -> None:
     base |= dict(attention_backend="torch", kv_cache_memory_gb=0.05) if args.smoke else \
         dict(attention_backend="triton", enforce_eager=False)
     tmp = Path(tempfile.mkdtemp())
+    small = "tiny" if args.smoke else "mid"  # mid: Llama-1B's attention shape on 4 narrow layers
+    check = rec.run(f"build-{small}-check", lambda: build_model(tmp / f"{small}-check", device, dtype=torch.bfloat16,
+                                                               **SHAPES[small]))
+    if check is not None:
+        check_fp8 = rec.run(f"fp8-checkpoint-{small}-check",
+                            lambda: write_fp8_checkpoint(check, tmp / f"{small}-check-fp8", device))
+        if check_fp8 is not None:
+            rec.run(f"{small}/graphs-vs-eager", lambda: graphs_vs_eager(check_fp8, device, args.smoke))
     for shape in shapes:
         dirs = {"bf16": rec.run(f"build-{shape}", lambda s=shape: build_model(tmp / s, device, dtype=torch.bfloat16,
                                                                               **SHAPES[s]))}
