@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
 DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names
 QUANTIZATIONS = ("auto", "none")  # auto: a quantized checkpoint runs quantized (CPU); none: dequantised to dtype
+# auto: the attention backend's choice for the model dtype; fp8: float8_e4m3fn with one scale per
+# layer for keys and one for values (engine/kv_cache.py), half the bytes of a bfloat16 pool
+KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 @dataclass
@@ -34,6 +37,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     num_kv_blocks: int | None = None  # None: size the pool from memory
     kv_cache_memory_gb: float = 2.0  # CPU budget for the KV pool when num_kv_blocks is None
+    kv_cache_dtype: str = "auto"  # auto | fp8 (KV_CACHE_DTYPES)
     gpu_memory_utilization: float = 0.90
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     scheduling: str = "continuous"  # continuous | static
@@ -61,6 +65,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {self.quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

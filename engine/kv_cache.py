@@ -1,4 +1,14 @@
-"""The block pool tensors and how many blocks fit in memory."""
+"""The block pool tensors and how many blocks fit in memory.
+
+``kv_cache_dtype="fp8"`` stores keys and values as ``float8_e4m3fn``: one byte a value, so the
+same memory holds twice the blocks of a bfloat16 pool (``bytes_per_block``). Each attention
+layer has one scale for its keys and one for its values (``Attention.kv_scale``): a write stores
+``round(x / scale)`` saturated to +-448, a read multiplies by ``scale``. The scales are 1.0, as
+vLLM's default when a checkpoint brings no calibrated ``k_scale``/``v_scale``: E4M3 spans
+2^-9 .. 448 with 3 mantissa bits, which covers keys and values of ordinary magnitude at a
+relative error of at most 2^-4. Per-tensor rather than per-head: a scale per layer is one
+scalar kernel argument, captured as such in CUDA graphs, and it is the form checkpoints carry.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +18,32 @@ import os
 
 import torch
 
+from engine.quant.fp8_format import FP8, FP8_MAX
+
 log = logging.getLogger(__name__)
+
+
+KV_FP8 = FP8
+KV_FP8_MAX = FP8_MAX
+NO_SCALE = (1.0, 1.0)  # (key scale, value scale) of a layer whose cache is not FP8, or uncalibrated
+
+
+def kv_pool_dtype(option: str, backend_dtype: torch.dtype) -> torch.dtype:
+    """The pool's dtype for ``EngineConfig.kv_cache_dtype``: the backend's choice, or E4M3."""
+    return KV_FP8 if option == "fp8" else backend_dtype
+
+
+def quantize_kv(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Keys or values as the FP8 pool stores them: ``x * (1 / scale)`` saturated, rounded to
+    nearest even (as the Triton write computes it, so both pools hold the same bits)."""
+    return (x.float() * (1.0 / scale)).clamp_(-KV_FP8_MAX, KV_FP8_MAX).to(KV_FP8)
+
+
+def dequantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """What an FP8 pool's values stand for, in ``dtype`` (other pools: ``x`` as it is, cast)."""
+    if x.dtype != KV_FP8:
+        return x.to(dtype)
+    return (x.float() * scale).to(dtype)
 
 
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:

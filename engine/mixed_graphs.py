@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import AttentionBackend, AttentionMetadata
+from engine.kv_cache import NO_SCALE
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +54,14 @@ class _AttentionCut:
     v_cache: torch.Tensor
     scale: float
     window: int | None
+    kv_scale: tuple[float, float]
 
     def run(self, backend: AttentionBackend, meta: AttentionMetadata) -> None:
         n = meta.num_tokens
         b = self.buffers
-        backend.write_kv(b.k[:n], b.v[:n], self.k_cache, self.v_cache, meta)
+        backend.write_kv(b.k[:n], b.v[:n], self.k_cache, self.v_cache, meta, self.kv_scale)
         b.out[:n].copy_(backend.attend(b.q[:n], b.k[:n], b.v[:n], self.k_cache, self.v_cache, meta,
-                                       self.scale, self.window))
+                                       self.scale, self.window, self.kv_scale))
 
 
 class _CutRecorder(AttentionBackend):
@@ -76,16 +78,16 @@ class _CutRecorder(AttentionBackend):
         self.meta = meta
         self.cuts: list[_AttentionCut] = []
 
-    def write_kv(self, key, value, k_cache, v_cache, meta) -> None:
+    def write_kv(self, key, value, k_cache, v_cache, meta, kv_scale=NO_SCALE) -> None:
         """Deferred to the cut: the pool is written with the step's metadata, outside the graph."""
 
-    def attend(self, query, key, value, k_cache, v_cache, meta, scale, window=None):
+    def attend(self, query, key, value, k_cache, v_cache, meta, scale, window=None, kv_scale=NO_SCALE):
         b = self.owner.buffers_for(query, key)
         rows = query.shape[0]
         b.q[:rows].copy_(query)
         b.k[:rows].copy_(key)
         b.v[:rows].copy_(value)
-        cut = _AttentionCut(b, k_cache, v_cache, scale, window)
+        cut = _AttentionCut(b, k_cache, v_cache, scale, window, kv_scale)
         if self.capturing:
             self.cuts.append(cut)
             self.owner.next_piece()

@@ -17,7 +17,7 @@ from engine.models.decoder import CausalLM
 from engine.models.layers import RotaryEmbedding
 from engine.models.linear import pack_linears
 from engine.models.registry import model_class
-from engine.quant.apply import QuantCollector, swap_linears
+from engine.quant.apply import QuantCollector, runs_as_stored, swap_linears
 from engine.quant.gguf_apply import AS_STORED_DTYPES, gguf_linears, swap_gguf_linears
 from engine.quant.scheme import checkpoint_scheme
 
@@ -56,7 +56,8 @@ def _mismatch_message(model_dir: Path, missing: list[str], unexpected: list[str]
 def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: int,
                quantization: str = "auto", shard: Callable[[CausalLM], CausalLM] | None = None) -> CausalLM:
     """The model with its weights; a quantized checkpoint (``engine/quant/scheme.py`` says which)
-    runs quantized on the CPU unless ``quantization`` is ``"none"`` (dequantised to ``dtype``).
+    runs quantized where its products run (``runs_as_stored``: int8/int4 on the CPU, FP8 on CUDA)
+    unless ``quantization`` is ``"none"`` (dequantised to ``dtype``).
     ``shard``: cuts the loaded model to one tensor-parallel rank's part (``engine/parallel``),
     on the host, before it moves to ``device`` and its weights are packed."""
     if quantization not in QUANTIZATIONS:
@@ -82,7 +83,7 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: 
     unexpected: list[str] = []
     wrong_shape: list[str] = []
     collector = None if scheme is None else QuantCollector(scheme, names)
-    found: dict = {}  # (parameter, first row) -> QuantWeight, for swap_linears
+    found: dict = {}  # (parameter, first row) -> QuantWeight / Fp8Weight, for swap_linears
 
     def place(hf_name: str, tensor: torch.Tensor, where: str):
         key = hf_name if hf_name in layout else f"model.{hf_name}"  # a name without the prefix, as before
@@ -111,7 +112,7 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: 
                 place(hf_name, sf.get_tensor(hf_name), f.name)
     for hf_name, weight, qw in collector.weights() if collector is not None else ():
         spot = place(hf_name, weight, "dequantised")
-        if spot is not None and qw is not None:
+        if spot is not None:
             found[spot] = qw
     missing = sorted(set(layout) - loaded)
     if missing or unexpected or wrong_shape:
@@ -120,6 +121,7 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: 
     gguf_found = None
     if gguf.is_file() and quantization == "auto" and device == "cpu" and dtype in AS_STORED_DTYPES and shard is None:
         gguf_found = gguf_linears(gguf, config, layout, params)
+    kv_scales = collector.kv_cache_scales(config.num_hidden_layers) if collector is not None else None
     if shard is not None:
         model = shard(model)
     model = model.to(device=device, dtype=dtype).eval()
@@ -127,8 +129,9 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: str, max_positions: 
     if gguf_found is not None:
         model.quantization = swap_gguf_linears(model, *gguf_found)
     if scheme is not None:
-        runs_quantized = quantization == "auto" and device == "cpu" and swap_linears(model, scheme, found) > 0
+        runs_quantized = quantization == "auto" and runs_as_stored(scheme, device) and swap_linears(model, scheme, found) > 0
         model.quantization = scheme.describe() if runs_quantized else f"{scheme.checkpoint_format} dequantised to {dtype}"
+    model.kv_cache_scales = kv_scales  # per layer (key, value), for an FP8 KV pool (ModelRunner)
     if device == "cpu" and os.environ.get("TOKENMILL_PACK_WEIGHTS", "1") != "0":
         pack_linears(model)  # oneDNN layout, once (engine/models/linear.py)
     return model

@@ -13,7 +13,7 @@ from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.cuda_profile import profile_cuda_blocks
 from engine.device_features import DeviceFeatures
-from engine.kv_cache import allocate_kv_pool, blocks_from_budget, bytes_per_block
+from engine.kv_cache import KV_FP8, allocate_kv_pool, blocks_from_budget, bytes_per_block, kv_pool_dtype
 from engine.mixed_graphs import MixedGraphs, capture_mixed_graphs
 from engine.models.llama import LlamaForCausalLM
 from engine.sampler import sample
@@ -80,7 +80,10 @@ class ModelRunner:
         self.device = torch.device(device)
         model.float_logits = not (self.device.type == "cuda" and self.argmax_in_model_dtype)
         self.table_rows = BlockTableRows(-(-max_model_len // config.block_size), rows=config.max_num_seqs)
-        self.kv_dtype = backend.kv_cache_dtype(config.torch_dtype)
+        self.kv_dtype = kv_pool_dtype(config.kv_cache_dtype, backend.kv_cache_dtype(config.torch_dtype))
+        if self.kv_dtype == KV_FP8 and getattr(model, "kv_cache_scales", None):  # a checkpoint's calibrated scales
+            for attn, scales in zip(model.attention_layers(), model.kv_cache_scales, strict=True):
+                attn.kv_scale = scales
         self.kv_pool: torch.Tensor | None = None
         self.decode_graphs: DecodeGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None

@@ -28,6 +28,7 @@ PER_REQUEST_SAMPLING = frozenset({"logprobs", "prompt_logprobs", "prompt_logprob
 ENGINE_CHOICES: dict[str, Any] = {
     "dtype": Literal["float32", "bfloat16", "float16", "auto"],
     "quantization": Literal["auto", "none"],
+    "kv_cache_dtype": Literal["auto", "fp8"],
     "attention_backend": Literal["auto", "torch", "triton"],
     "scheduling": Literal["continuous", "static"],
     "kv_allocation": Literal["paged", "contiguous"],

@@ -22,6 +22,9 @@ LLAMA_1B = dict(
                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
     tie_word_embeddings=True, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001,
 )
+# Llama-3.1-8B's shape: 32 layers of 4,096, 32 query heads over 8 KV heads of 128, untied head.
+LLAMA_8B = dict(LLAMA_1B, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, head_dim=128,
+                tie_word_embeddings=False)
 # Large init so greedy argmax has no near-ties (as tests/model_fixtures.py's tiny Llama).
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=49152, max_position_embeddings=1024, initializer_range=0.2)

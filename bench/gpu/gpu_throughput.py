@@ -139,7 +139,7 @@ def tokenmill(model_dir: Path, prompts, budgets, settings: dict, ceil: dict, pro
         "settings": settings, "triton_fused_norm_rotary": fused, "requests": len(prompts), "timed_passes_wall_s": walls, "startup_s": startup, "wall_s": wall,
         "output_tokens": out_tokens, "expected_output_tokens": sum(budgets), "output_tok_per_s": out_tokens / wall,
         "prompt_tokens": sum(map(len, prompts)), "errors": sum(o.error is not None for o in outs),
-        "kv_pool_blocks": llm.engine.num_kv_blocks, "kv_pool_gib": llm.engine.runner.kv_pool.numel() * 2 / 2**30,
+        "kv_pool_blocks": llm.engine.num_kv_blocks, "kv_pool_gib": llm.engine.runner.kv_pool.nbytes / 2**30,
         "gpu_used_gib": (total_b - free_b) / 2**30, "torch_peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
         "params": n_params, "stats": stats, "host_breakdown": timer.result(wall),
         "floor": floor_seconds(prompts, budgets, stats["steps"] - steps_before, n_params, kv_per_token, ceil),

@@ -22,12 +22,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import LLAMA_1B, MID, TINY, Recorder, build_model, device_meta, free, random_prompts  # noqa: E402
+from common import LLAMA_1B, LLAMA_8B, MID, TINY, Recorder, build_model, device_meta, free, random_prompts  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
 
-LLAMA_8B = dict(LLAMA_1B, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, head_dim=128,
-                tie_word_embeddings=False)
 GREEDY = SamplingParams(max_tokens=32, temperature=0)
 
 

@@ -14,6 +14,12 @@ so prefix hits need no gather or mask; a layer's sliding window is honoured ther
 in bfloat16 and 2.2-3.0x in float32 (``bench/probe_prefill_attention.py``). Otherwise prefill
 chunks go one sequence at a time through SDPA, and a chunk with no cached context uses its
 fresh keys and skips the gather.
+
+An FP8 pool (``kv_cache_dtype="fp8"``, ``engine/kv_cache.py``) is written and read with torch
+ops only (the C kernels take float32 and bfloat16 pools): values are divided by the layer's scale
+on the way in and multiplied by it on the way out, decodes run ``paged_decode_attention`` eagerly,
+and prefill chunks read even their fresh keys back from the pool, so every token attends to the
+rounded keys, as in the Triton kernels.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from engine.attention.backend import AttentionBackend
 from engine.attention.cpu_kernels import PagedDecodeKernel, PagedPrefillKernel, load, load_prefill, write_kv
 from engine.attention.metadata import AttentionMetadata
 from engine.cpu_info import has_amx
+from engine.kv_cache import KV_FP8, NO_SCALE, dequantize_kv, quantize_kv
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -68,18 +75,22 @@ class TorchAttentionBackend(AttentionBackend):
             return torch.bfloat16
         return torch.float32
 
-    def write_kv(self, key, value, k_cache, v_cache, meta: AttentionMetadata) -> None:
-        if self.kernel is not None:
+    def write_kv(self, key, value, k_cache, v_cache, meta: AttentionMetadata, kv_scale=NO_SCALE) -> None:
+        fp8 = k_cache.dtype == KV_FP8
+        if self.kernel is not None and not fp8:
             if write_kv(key, value, k_cache, v_cache, meta.slot_mapping):
                 return
         bs = meta.block_size
         blocks = torch.div(meta.slot_mapping, bs, rounding_mode="floor")
         offsets = meta.slot_mapping - blocks * bs
-        k_cache[:, blocks, offsets] = key.transpose(0, 1).to(k_cache.dtype)
-        v_cache[:, blocks, offsets] = value.transpose(0, 1).to(v_cache.dtype)
+        key, value = key.transpose(0, 1), value.transpose(0, 1)
+        if fp8:
+            key, value = quantize_kv(key, kv_scale[0]), quantize_kv(value, kv_scale[1])
+        k_cache[:, blocks, offsets] = key.to(k_cache.dtype)
+        v_cache[:, blocks, offsets] = value.to(v_cache.dtype)
 
     def attend(self, query, key, value, k_cache, v_cache, meta: AttentionMetadata, scale: float,
-               window: int | None = None):
+               window: int | None = None, kv_scale=NO_SCALE):
         out = torch.empty_like(query)
         nd = meta.num_decodes
         if meta.num_seqs > nd and self._prefill_in_kernel(query, k_cache, meta):
@@ -88,14 +99,15 @@ class TorchAttentionBackend(AttentionBackend):
             self.prefill_kernel_fn(query, k_cache, v_cache, meta, scale, out, window)
             return out
         if nd:
-            self._decode(query[:nd], k_cache, v_cache, meta, scale, out[:nd], window)
+            self._decode(query[:nd], k_cache, v_cache, meta, scale, out[:nd], window, kv_scale)
         starts = meta.query_start_loc.tolist() if meta.num_seqs > nd else []
         for i in range(nd, meta.num_seqs):
             s, e = starts[i], starts[i + 1]
-            out[s:e] = self._prefill_one(query[s:e], key[s:e], value[s:e], k_cache, v_cache, meta, i, scale, window)
+            out[s:e] = self._prefill_one(query[s:e], key[s:e], value[s:e], k_cache, v_cache, meta, i, scale, window,
+                                         kv_scale)
         return out
 
-    def _prefill_one(self, q, k_new, v_new, k_cache, v_cache, meta, i, scale, window=None):
+    def _prefill_one(self, q, k_new, v_new, k_cache, v_cache, meta, i, scale, window=None, kv_scale=NO_SCALE):
         """One prompt chunk through SDPA. With a window, only the blocks that hold a key some
         query of the chunk sees are gathered (from ``first``), and the mask is a band."""
         ctx = meta.context_lens_host[i]
@@ -110,7 +122,7 @@ class TorchAttentionBackend(AttentionBackend):
             rows = torch.arange(ctx, seq_len, device=q.device)[:, None]
             cols = torch.arange(first, seq_len, device=q.device)[None, :]
             mask, causal = (cols <= rows) & (cols > rows - window), False
-        elif ctx == 0:
+        elif ctx == 0 and k_cache.dtype != KV_FP8:
             k, v, mask, causal = k_new.transpose(0, 1), v_new.transpose(0, 1), None, True
         else:
             nb = -(-seq_len // meta.block_size)
@@ -121,7 +133,7 @@ class TorchAttentionBackend(AttentionBackend):
             mask = torch.ones(q.shape[0], seq_len, dtype=torch.bool, device=q.device).tril(diagonal=ctx)
             causal = False
         dtype = self._sdpa_dtype(q)
-        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        q, k, v = q.to(dtype), dequantize_kv(k, kv_scale[0], dtype), dequantize_kv(v, kv_scale[1], dtype)
         o = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
             attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True,
@@ -144,7 +156,7 @@ class TorchAttentionBackend(AttentionBackend):
             return q.dtype
         return torch.float32
 
-    def _decode(self, q, k_cache, v_cache, meta, scale, out, window=None) -> None:
+    def _decode(self, q, k_cache, v_cache, meta, scale, out, window=None, kv_scale=NO_SCALE) -> None:
         nd = meta.num_decodes
         if self.kernel is not None and q.device.type == "cpu" and k_cache.dtype in self.kernel.KV_DTYPES:
             self.kernel(q, k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
@@ -152,7 +164,8 @@ class TorchAttentionBackend(AttentionBackend):
             return
         lens = meta.seq_lens_host[:nd]
         for idx in self._buckets(lens):
-            self._decode_bucket(q, k_cache, v_cache, meta, scale, out, idx, max(lens[j] for j in idx), window)
+            self._decode_bucket(q, k_cache, v_cache, meta, scale, out, idx, max(lens[j] for j in idx), window,
+                                kv_scale)
 
     def _buckets(self, lens: list[int]) -> list[list[int]]:
         """Group decodes of similar length so padding to a bucket's longest wastes little."""
@@ -168,28 +181,32 @@ class TorchAttentionBackend(AttentionBackend):
             buckets.append([j])
         return buckets
 
-    def _decode_bucket(self, q, k_cache, v_cache, meta, scale, out, idx, max_len, window=None) -> None:
+    def _decode_bucket(self, q, k_cache, v_cache, meta, scale, out, idx, max_len, window=None,
+                       kv_scale=NO_SCALE) -> None:
         nb = -(-max_len // meta.block_size)
         n, h, d = len(idx), k_cache.shape[0], k_cache.shape[3]
         rows = torch.tensor(idx, device=q.device) if n < q.shape[0] else None
         tables = meta.block_tables[:n, :nb] if rows is None else meta.block_tables[rows, :nb]
         seq_lens = meta.seq_lens[:n] if rows is None else meta.seq_lens[rows]
         qb = (q if rows is None else q[rows]).view(n, h, -1, d).transpose(0, 1)  # [h, n, group, d]
-        fn = _compiled_decode() if self.compile_decode else paged_decode_attention
-        o = fn(qb, k_cache, v_cache, tables, seq_lens, scale, window or 0).transpose(0, 1).reshape(n, -1, d)
+        compiled = self.compile_decode and k_cache.dtype != KV_FP8  # FP8: the eager reference (tests)
+        fn = _compiled_decode() if compiled else paged_decode_attention
+        o = fn(qb, k_cache, v_cache, tables, seq_lens, scale, window or 0, *kv_scale).transpose(0, 1).reshape(n, -1, d)
         if rows is None:
             out.copy_(o)
         else:
             out[rows] = o.to(out.dtype)
 
 
-def paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale, window: int = 0):
+def paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale, window: int = 0,
+                           k_scale: float = 1.0, v_scale: float = 1.0):
     """One query token per sequence against its blocks, addressed through the block table.
 
     Written as indexing plus reductions so that ``torch.compile`` fuses the block lookup into
     the dot products and never materialises the gathered context (eager mode does gather).
     ``q``: [kv_heads, n, group, head_dim]; returns the same shape. ``window`` > 0: only the
-    last ``window`` positions of each sequence are seen.
+    last ``window`` positions of each sequence are seen. An FP8 pool's keys and values are
+    multiplied by ``k_scale`` and ``v_scale`` as they are read.
     """
     bs = k_cache.shape[2]
     positions = torch.arange(tables.shape[1] * bs, device=q.device)
@@ -197,6 +214,8 @@ def paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, scale, window:
     offsets = (positions % bs)[None, :]
     k = k_cache[:, blocks, offsets]  # [h, n, L, d]
     v = v_cache[:, blocks, offsets]
+    if k.dtype == KV_FP8:
+        k, v = k.float() * k_scale, v.float() * v_scale
     scores = (q.unsqueeze(-2).float() * k.unsqueeze(2).float()).sum(-1) * scale  # [h, n, group, L]
     pad = positions[None, :] >= seq_lens[:, None]
     if window > 0:

@@ -27,6 +27,7 @@ import torch
 from engine.attention import triton_kernels as K
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
+from engine.kv_cache import KV_FP8, NO_SCALE
 
 _LOG2E = 1.4426950408889634
 _SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -115,7 +116,7 @@ class TritonAttentionBackend(AttentionBackend):
         ``num_kv_heads * head_dim`` contiguous values per token; reads gather rows of ``head_dim``."""
         return (num_blocks, block_size, num_kv_heads, head_dim)
 
-    def write_kv(self, key, value, k_cache, v_cache, meta: AttentionMetadata) -> None:
+    def write_kv(self, key, value, k_cache, v_cache, meta: AttentionMetadata, kv_scale=NO_SCALE) -> None:
         num_tokens = key.shape[0]
         if num_tokens == 0:
             return
@@ -125,17 +126,21 @@ class TritonAttentionBackend(AttentionBackend):
         _on_device(K.write_kv_kernel, key.device)[(num_tokens,)](
             key, value, k_cache, v_cache, meta.slot_mapping,
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-            k_cache.stride(1), k_cache.stride(2),
+            k_cache.stride(1), k_cache.stride(2), 1.0 / kv_scale[0], 1.0 / kv_scale[1],
             NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, HEADS_PAD=triton.next_power_of_2(num_kv_heads),
+            KV_FP8=k_cache.dtype == KV_FP8,
         )
 
     def attend(self, query, key, value, k_cache, v_cache, meta: AttentionMetadata, scale: float,
-               window: int | None = None):
+               window: int | None = None, kv_scale=NO_SCALE):
         _check_pool(k_cache, v_cache, meta)
         num_heads, head_dim = query.shape[1], query.shape[2]
         num_kv_heads = k_cache.shape[2]
-        if query.dtype not in _SUPPORTED_DTYPES or k_cache.dtype != query.dtype:
-            raise TypeError(f"query {query.dtype} / cache {k_cache.dtype}: need one of {_SUPPORTED_DTYPES}")
+        if query.dtype not in _SUPPORTED_DTYPES or k_cache.dtype not in (query.dtype, KV_FP8):
+            raise TypeError(f"query {query.dtype} / cache {k_cache.dtype}: need one of {_SUPPORTED_DTYPES}, "
+                            f"the cache in the query's dtype or {KV_FP8}")
+        if k_cache.dtype != KV_FP8:
+            kv_scale = NO_SCALE  # only an FP8 pool is scaled
         if head_dim != k_cache.shape[3] or head_dim & (head_dim - 1) or head_dim < 16:
             raise ValueError(f"head_dim {head_dim} must match the cache and be a power of two >= 16")
         if num_heads % num_kv_heads:
@@ -144,10 +149,12 @@ class TritonAttentionBackend(AttentionBackend):
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         nd = meta.num_decodes
         window = _NO_WINDOW if window is None else window
+        # the key scale folds into the softmax scale; the value scale multiplies each output
+        qk_scale, v_scale = scale * kv_scale[0] * _LOG2E, kv_scale[1]
         if nd:
-            self._decode(query, k_cache, v_cache, meta, scale * _LOG2E, out, window)
+            self._decode(query, k_cache, v_cache, meta, qk_scale, v_scale, out, window)
         if meta.num_seqs > nd:
-            self._extend(query, k_cache, v_cache, meta, scale * _LOG2E, out, window)
+            self._extend(query, k_cache, v_cache, meta, qk_scale, v_scale, out, window)
         return out
 
     def _num_splits(self, num_decodes: int, num_kv_heads: int, max_len: int) -> int:
@@ -157,7 +164,8 @@ class TritonAttentionBackend(AttentionBackend):
         by_occupancy = -(-d.target_programs // (num_decodes * num_kv_heads))
         return max(1, min(by_length, by_occupancy, d.max_splits))
 
-    def _decode(self, query, k_cache, v_cache, meta: AttentionMetadata, qk_scale: float, out, window: int) -> None:
+    def _decode(self, query, k_cache, v_cache, meta: AttentionMetadata, qk_scale: float, v_scale: float, out,
+                window: int) -> None:
         nd = meta.num_decodes
         num_heads, head_dim = query.shape[1], query.shape[2]
         num_kv_heads = k_cache.shape[2]
@@ -177,7 +185,7 @@ class TritonAttentionBackend(AttentionBackend):
         kernel[(nd, num_kv_heads, splits)](
             query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
             out, part_acc, part_ml,
-            qk_scale, window,
+            qk_scale, v_scale, window,
             query.stride(0), query.stride(1), out.stride(0), out.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
             GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
@@ -190,7 +198,8 @@ class TritonAttentionBackend(AttentionBackend):
                 NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=head_dim, num_warps=1,
             )
 
-    def _extend(self, query, k_cache, v_cache, meta: AttentionMetadata, qk_scale: float, out, window: int) -> None:
+    def _extend(self, query, k_cache, v_cache, meta: AttentionMetadata, qk_scale: float, v_scale: float, out,
+                window: int) -> None:
         nd = meta.num_decodes
         num_heads, head_dim = query.shape[1], query.shape[2]
         group = num_heads // k_cache.shape[2]
@@ -205,7 +214,7 @@ class TritonAttentionBackend(AttentionBackend):
         kernel = _on_device(K.extend_kernel, query.device)
         kernel[grid](
             query, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, meta.context_lens,
-            out, qk_scale, nd, window,
+            out, qk_scale, v_scale, nd, window,
             query.stride(0), query.stride(1), out.stride(0), out.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
             GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=meta.block_size, BLOCK_M=block_m, BLOCK_N=block_n,

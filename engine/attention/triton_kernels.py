@@ -12,6 +12,13 @@ in ``DOT_DTYPE``: the input dtype on a GPU, float32 for bfloat16 under the inter
 ``tl.dot`` multiplies bfloat16's raw uint16 storage (triton 3.9). bfloat16 products are exact
 in float32, so the upcast changes only the accumulation order, not what is computed.
 See ``engine/attention/README.md`` for the layout and how each kernel walks it.
+
+An FP8 pool (``float8_e4m3fn``, ``engine/kv_cache.py``): ``write_kv_kernel`` stores
+``round(x * inv_scale)`` saturated to +-448 (``KV_FP8``); the attention kernels load E4M3 keys and
+values, widen them to ``DOT_DTYPE`` (exact: every E4M3 value is a bfloat16 one) and apply the
+scales outside the dots: the host folds the key scale into ``qk_scale``, and the value scale
+multiplies the accumulator (``v_scale``; 1.0 for other pools). ``p`` is rounded to the output's
+dtype before its dot, which for a 16-bit pool is the pool's dtype, as before.
 """
 
 from __future__ import annotations
@@ -19,15 +26,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from engine.quant.fp8_triton import round_e4m3
+
 
 @triton.jit
 def write_kv_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_cs, stride_ch,
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEADS_PAD: tl.constexpr,
+    stride_cs, stride_ch, inv_k_scale, inv_v_scale,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEADS_PAD: tl.constexpr, KV_FP8: tl.constexpr,
 ):
-    """One program per new token: copy all its KV heads to its slot; slot -1 (padding) is skipped."""
+    """One program per new token: copy all its KV heads to its slot; slot -1 (padding) is skipped.
+    ``KV_FP8``: store ``x * inv_scale`` rounded to E4M3 instead of a plain copy."""
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:
@@ -38,15 +48,20 @@ def write_kv_kernel(
     src_k = key_ptr + t.to(tl.int64) * stride_kt + h[:, None] * stride_kh + d[None, :]
     src_v = value_ptr + t.to(tl.int64) * stride_vt + h[:, None] * stride_vh + d[None, :]
     dst = slot * stride_cs + h[:, None] * stride_ch + d[None, :]
-    tl.store(k_cache_ptr + dst, tl.load(src_k, mask=mask), mask=mask)
-    tl.store(v_cache_ptr + dst, tl.load(src_v, mask=mask), mask=mask)
+    k = tl.load(src_k, mask=mask)
+    v = tl.load(src_v, mask=mask)
+    if KV_FP8:
+        k = round_e4m3(tl.minimum(tl.maximum(k.to(tl.float32) * inv_k_scale, -448.0), 448.0))
+        v = round_e4m3(tl.minimum(tl.maximum(v.to(tl.float32) * inv_v_scale, -448.0), 448.0))
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, part_acc_ptr, part_ml_ptr,
-    qk_scale, window,
+    qk_scale, v_scale, window,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -94,21 +109,21 @@ def decode_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        # Round p to the cache dtype as the tensor-core path would, then feed the dot.
-        p_dot = p.to(k_cache_ptr.dtype.element_ty).to(DOT_DTYPE)
+        # Round p to the output (query) dtype as the tensor-core path would, then feed the dot.
+        p_dot = p.to(out_ptr.dtype.element_ty).to(DOT_DTYPE)
         acc = acc * alpha[:, None] + tl.dot(p_dot, v, input_precision="ieee")
         m_i = m_new
 
     if NUM_SPLITS == 1:
         l_safe = tl.where(l_i > 0, l_i, 1.0)  # a padded (seq_len 0) decode writes zeros, not NaN
-        o = acc / l_safe[:, None]
+        o = acc * v_scale / l_safe[:, None]
         dst = out_ptr + seq.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + d[None, :]
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
     else:
         # Partial buffers: acc [n, num_heads, NUM_SPLITS, HEAD_DIM], (m, l) [n, num_heads, NUM_SPLITS, 2].
         num_heads = tl.num_programs(1) * GROUP
         base = (seq.to(tl.int64) * num_heads + heads) * NUM_SPLITS + split
-        tl.store(part_acc_ptr + base[:, None] * HEAD_DIM + d[None, :], acc, mask=g_mask[:, None])
+        tl.store(part_acc_ptr + base[:, None] * HEAD_DIM + d[None, :], acc * v_scale, mask=g_mask[:, None])
         tl.store(part_ml_ptr + base * 2, m_i, mask=g_mask)
         tl.store(part_ml_ptr + base * 2 + 1, l_i, mask=g_mask)
 
@@ -142,7 +157,7 @@ def reduce_splits_kernel(
 @triton.jit
 def extend_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr, context_lens_ptr,
-    out_ptr, qk_scale, first_seq, window,
+    out_ptr, qk_scale, v_scale, first_seq, window,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
@@ -196,11 +211,11 @@ def extend_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        # Round p to the cache dtype as the tensor-core path would, then feed the dot.
-        p_dot = p.to(k_cache_ptr.dtype.element_ty).to(DOT_DTYPE)
+        # Round p to the output (query) dtype as the tensor-core path would, then feed the dot.
+        p_dot = p.to(out_ptr.dtype.element_ty).to(DOT_DTYPE)
         acc = acc * alpha[:, None] + tl.dot(p_dot, v, input_precision="ieee")
         m_i = m_new
 
-    o = acc / l_i[:, None]
+    o = acc * v_scale / l_i[:, None]
     dst = out_ptr + tok[:, None] * stride_ot + h * stride_oh + d[None, :]
     tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])

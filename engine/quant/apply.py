@@ -1,6 +1,7 @@
 """A quantized checkpoint through the loader: its quantized linears' tensors collected while the
-loader reads the files, decoded, and (on the CPU) the model's Linears swapped for the quantized
-products of ``linear.py``.
+loader reads the files, decoded, and the model's Linears swapped for the quantized products where
+they run (``runs_as_stored``): int8 and int4 on the CPU (``linear.py``), FP8 on CUDA GPUs of
+compute capability 8.9 or later (``fp8_linear.py``).
 
 The loader first fills every float parameter with the dequantised weight (``QuantWeight.dequantize``),
 so the name checks stay the loader's and ``quantization = "none"`` is that model as it stands;
@@ -10,14 +11,18 @@ float weight is dropped with the module.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
 
 from engine.quant.checkpoint import QUANT_SUFFIXES, QuantWeight, decode
+from engine.quant.fp8_linear import Fp8Linear, Fp8Weight
 from engine.quant.linear import Int4Linear, Int8Linear
 from engine.quant.scheme import QuantScheme, WeightFormat
+
+KV_SCALES = ("k_scale", "v_scale")  # llm-compressor's names, on each layer's self_attn
 
 
 class QuantCollector:
@@ -27,32 +32,62 @@ class QuantCollector:
         self.scheme = scheme
         self.quantized = {n.rpartition(".")[0] for n in names if n.endswith(".weight_scale")}
         self.parts: dict[str, dict[str, torch.Tensor]] = {}
+        self.kv: dict[str, float] = {}  # "...layers.N.self_attn.k_scale" -> its value
 
     def take(self, hf_name: str, get: Callable[[], torch.Tensor]) -> bool:
-        """Keep ``hf_name`` if it belongs to a quantized linear (True), else leave it to the loader."""
+        """Keep ``hf_name`` if it belongs to a quantized linear or is a KV scale (True), else
+        leave it to the loader."""
         prefix, _, suffix = hf_name.rpartition(".")
+        if self.scheme.kv_scales and suffix in KV_SCALES:
+            value = get()
+            if value.numel() != 1:
+                raise ValueError(f"{hf_name} has {value.numel()} values; only per-tensor KV scales are loaded")
+            self.kv[hf_name] = float(value.float().reshape(()))
+            return True
         if prefix not in self.quantized or (suffix != "weight" and suffix not in QUANT_SUFFIXES):
             return False
         self.parts.setdefault(prefix, {})[suffix] = get()
         return True
 
-    def weights(self) -> Iterator[tuple[str, torch.Tensor, QuantWeight | None]]:
-        """``(HF weight name, float32 weight, QuantWeight or None for FP8)`` per quantized linear."""
+    def kv_cache_scales(self, num_layers: int) -> list[tuple[float, float]] | None:
+        """Each decoder layer's (key, value) scale from a ``kv_cache_scheme`` checkpoint, in layer
+        order (None without one); a layer without both is one error naming what is missing."""
+        if not self.scheme.kv_scales:
+            return None
+        found: dict[tuple[int, str], float] = {}
+        for name, value in self.kv.items():
+            layer = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
+            if layer is not None:
+                found[(int(layer.group(1)), name.rpartition(".")[2])] = value
+        missing = [f"layer {i} {s}" for i in range(num_layers) for s in KV_SCALES if (i, s) not in found]
+        if missing:
+            raise ValueError(f"kv_cache_scheme checkpoint without {', '.join(missing[:4])}"
+                             + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
+        return [(found[(i, "k_scale")], found[(i, "v_scale")]) for i in range(num_layers)]
+
+    def weights(self) -> Iterator[tuple[str, torch.Tensor, QuantWeight | Fp8Weight]]:
+        """``(HF weight name, float32 weight, decoded weight)`` per quantized linear."""
         for prefix, tensors in self.parts.items():
             decoded = decode(tensors, self.scheme, prefix)
-            if isinstance(decoded, QuantWeight):
-                yield f"{prefix}.weight", decoded.dequantize(), decoded
-            else:
-                yield f"{prefix}.weight", decoded, None
+            yield f"{prefix}.weight", decoded.dequantize(), decoded
 
 
-def swap_linears(model: nn.Module, scheme: QuantScheme, found: dict[tuple[str, int], QuantWeight]) -> int:
+def runs_as_stored(scheme: QuantScheme, device: str) -> bool:
+    """Whether ``device`` has this format's products: int8/int4 are CPU kernels; FP8 needs
+    ``torch._scaled_mm`` on a CUDA GPU of compute capability 8.9+ (Ada, Hopper, Blackwell). FP8 on the
+    CPU stays dequantised: torch's CPU ``_scaled_mm`` exists, but is the tests' reference, not a fast path."""
+    dev = torch.device(device)
+    if scheme.format == WeightFormat.FP8:
+        return dev.type == "cuda" and torch.cuda.get_device_capability(dev) >= (8, 9)
+    return dev.type == "cpu"
+
+
+def swap_linears(model: nn.Module, scheme: QuantScheme, found: dict[tuple[str, int], QuantWeight | Fp8Weight]) -> int:
     """Replace each Linear whose weight rows are all covered by ``found`` ((parameter name, first
-    row) -> QuantWeight) with the quantized product; returns how many were replaced."""
-    cls = {WeightFormat.INT8: Int8Linear, WeightFormat.INT4: Int4Linear}.get(scheme.format)
-    if cls is None:
-        return 0
-    by_param: dict[str, list[tuple[int, QuantWeight]]] = {}
+    row) -> decoded weight) with the quantized product, on the Linear's device; returns how many
+    were replaced."""
+    cls = {WeightFormat.INT8: Int8Linear, WeightFormat.INT4: Int4Linear, WeightFormat.FP8: Fp8Linear}[scheme.format]
+    by_param: dict[str, list[tuple[int, QuantWeight | Fp8Weight]]] = {}
     for (pname, start), qw in found.items():
         by_param.setdefault(pname, []).append((start, qw))
     swapped = 0
@@ -64,7 +99,7 @@ def swap_linears(model: nn.Module, scheme: QuantScheme, found: dict[tuple[str, i
         if rows != module.weight.shape[0] or module.weight.shape[1] != parts[0][1].values.shape[1]:
             continue  # partly quantized (or a tied weight): stays float
         try:
-            quantized = cls(QuantWeight.cat([qw for _, qw in parts]), module.bias)
+            quantized = cls(type(parts[0][1]).cat([qw for _, qw in parts]), module.bias).to(module.weight.device)
         except ValueError:  # a shape the product does not take (Int4Linear: rows in blocks of 64): stays float
             continue
         parent, _, child = mname.rpartition(".")

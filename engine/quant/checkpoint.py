@@ -3,7 +3,8 @@
 The 4-bit values and zero points are unpacked with compressed-tensors' own ``unpack_from_int32``
 (the package ``llm-compressor`` writes them with), so the bit order is theirs by construction.
 ``QuantWeight.dequantize`` is the float reference every quantized product is tested against and
-what ``quantization = "none"`` (and FP8 on the CPU) loads.
+what ``quantization = "none"`` (and FP8 on the CPU) loads. FP8 weights decode to an ``Fp8Weight``
+(``fp8_linear.py``): the E4M3 values as stored and a float32 scale per output channel.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.quant.fp8_format import FP8
+from engine.quant.fp8_linear import Fp8Weight
 from engine.quant.scheme import QuantScheme, WeightFormat
 
 # the tensors a quantized linear stores beside (or instead of) ``weight``
@@ -54,12 +57,16 @@ class QuantWeight:
                            parts[0].group_size, offset)
 
 
-def decode(tensors: dict[str, torch.Tensor], scheme: QuantScheme, name: str) -> QuantWeight | torch.Tensor:
-    """One linear's tensors (by suffix) -> a ``QuantWeight``, or for FP8 the float32 weight."""
+def decode(tensors: dict[str, torch.Tensor], scheme: QuantScheme, name: str) -> QuantWeight | Fp8Weight:
+    """One linear's tensors (by suffix) -> a ``QuantWeight``, or for FP8 an ``Fp8Weight``."""
     scale = tensors["weight_scale"].float()
     if scheme.format == WeightFormat.FP8:
-        weight = tensors["weight"].float()
-        return weight * (scale if scale.dim() == 2 else scale.reshape(-1, 1) if scale.numel() > 1 else scale.reshape(()))
+        values = tensors["weight"]
+        if values.dtype != FP8:
+            raise ValueError(f"{name}.weight is {values.dtype}, expected {FP8} in a float-quantized checkpoint")
+        if scale.numel() not in (1, values.shape[0]):
+            raise ValueError(f"{name}: {scale.numel()} weight scales for {values.shape[0]} output channels")
+        return Fp8Weight(values, scale.reshape(-1, 1).expand(values.shape[0], 1).contiguous())
     if scheme.format == WeightFormat.INT8:
         values = tensors["weight"]
         if values.dtype != torch.int8:

@@ -9,8 +9,14 @@ and format it does not load. Supported, as ``llm-compressor`` writes them (``com
 - ``pack-quantized`` 4-bit weights in int32 words, group-wise scales, with or without zero points,
   no activation quantization (W4A16): runs as int4 weight-only products;
 - ``float-quantized`` FP8 (E4M3) weights, per-channel or per-tensor scales, any FP8 activation
-  scheme (W8A8-FP8): on the CPU the weights are dequantised once to the model's dtype (no FP8
-  products on these CPUs), so it runs as a float model.
+  scheme (W8A8-FP8): on CUDA (compute capability 8.9+) FP8 x FP8 products with per-channel weight
+  and dynamic per-token activation scales (``fp8_linear.py``); on the CPU the weights are
+  dequantised once to the model's dtype, so it runs as a float model.
+
+A ``kv_cache_scheme`` of static per-tensor FP8 (``k_scale``/``v_scale`` per attention layer, as
+llm-compressor calibrates them) is taken beside any of these: the scales are what an FP8 KV pool
+(``kv_cache_dtype="fp8"``) divides by; with another pool they are not used. Other KV schemes
+(per-head, dynamic, integer) are refused in one line.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ SUPPORTED = "compressed-tensors int8 W8A8 (int-quantized), 4-bit W4A16 (pack-qua
 class WeightFormat(StrEnum):
     INT8 = "int8"  # W8A8: int8 weights per channel, int8 activations per token
     INT4 = "int4"  # W4A16: 4-bit weights per group
-    FP8 = "fp8"  # dequantised to float on load
+    FP8 = "fp8"  # W8A8-FP8 on CUDA; dequantised to float on the CPU
 
 
 @dataclass(frozen=True)
@@ -38,12 +44,13 @@ class QuantScheme:
     symmetric: bool
     targets: tuple[str, ...]
     ignore: tuple[str, ...]  # module names or ``re:`` patterns left in float
+    kv_scales: bool = False  # the checkpoint has static per-tensor FP8 k_scale/v_scale per attention layer
 
     def describe(self) -> str:
         runs = {WeightFormat.INT8: "int8 W8A8 (int8 x int8 products, per-token activation scales)",
                 WeightFormat.INT4: f"int4 W4A16 (group {self.group_size}, "
                                    f"{'symmetric' if self.symmetric else 'with zero points'})",
-                WeightFormat.FP8: "FP8 weights dequantised once to the model's dtype (no FP8 products on CPU)"}
+                WeightFormat.FP8: "FP8 W8A8 (torch._scaled_mm, per-channel weight and per-token activation scales)"}
         return runs[self.format]
 
 
@@ -76,8 +83,11 @@ def checkpoint_scheme(config) -> QuantScheme | None:
     groups = list((qc.get("config_groups") or {}).values())
     if not groups:
         raise _refuse("compressed-tensors checkpoint without config_groups")
-    if qc.get("kv_cache_scheme"):
-        raise _refuse("compressed-tensors kv_cache_scheme (quantized KV cache)")
+    kv = qc.get("kv_cache_scheme") or {}
+    if kv and not (kv.get("type") == "float" and kv.get("num_bits") == 8 and kv.get("strategy") == "tensor"
+                   and not kv.get("dynamic")):
+        raise _refuse(f"compressed-tensors kv_cache_scheme {kv.get('type')}{kv.get('num_bits')} {kv.get('strategy')}"
+                      f"{' dynamic' if kv.get('dynamic') else ''} (only static per-tensor FP8 KV scales)")
     if any(g != groups[0] for g in groups[1:]):
         raise _refuse("compressed-tensors checkpoint with several different config_groups")
     group = groups[0]
@@ -95,14 +105,14 @@ def checkpoint_scheme(config) -> QuantScheme | None:
     if fmt == "float-quantized" and wtype == "float" and bits == 8 and strategy in ("channel", "tensor"):
         if act is not None and (act.get("type") != "float" or act.get("num_bits") != 8):
             raise _refuse(f"float-quantized weights with {act.get('type')}{act.get('num_bits')} activations")
-        return QuantScheme(WeightFormat.FP8, fmt, None, sym, targets, ignore)
+        return QuantScheme(WeightFormat.FP8, fmt, None, sym, targets, ignore, bool(kv))
     if fmt in ("int-quantized", "naive-quantized") and wtype == "int" and bits == 8 and strategy == "channel" and sym:
         ok_act = act is not None and act.get("type") == "int" and act.get("num_bits") == 8 and \
             act.get("strategy") == "token" and act.get("dynamic") is True and act.get("symmetric", True)
         if not ok_act:
             raise _refuse(f"{fmt} int8 weights without dynamic per-token int8 activations ({act})")
-        return QuantScheme(WeightFormat.INT8, fmt, None, True, targets, ignore)
+        return QuantScheme(WeightFormat.INT8, fmt, None, True, targets, ignore, bool(kv))
     if fmt == "pack-quantized" and wtype == "int" and bits == 4 and strategy == "group" and act is None:
-        return QuantScheme(WeightFormat.INT4, fmt, int(w["group_size"]), sym, targets, ignore)
+        return QuantScheme(WeightFormat.INT4, fmt, int(w["group_size"]), sym, targets, ignore, bool(kv))
     scheme = f"{wtype}{bits} {strategy} weights" + (f", {act.get('type')}{act.get('num_bits')} activations" if act else "")
     raise _refuse(f"compressed-tensors format {fmt!r} with {scheme}")

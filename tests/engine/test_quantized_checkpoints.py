@@ -54,8 +54,7 @@ def test_decoded_weights_equal_the_packages_decompression(kind, quant_dirs):
     with safe_open(str(folder / "model.safetensors"), framework="pt") as sf:
         tensors = {k[len(prefix):]: sf.get_tensor(k) for k in sf.keys() if k.startswith(prefix)}
     expected = compressor.decompress(tensors, ct_scheme)["weight"].float()
-    got = decode(tensors, scheme, prefix)
-    got = got.dequantize() if isinstance(got, QuantWeight) else got
+    got = decode(tensors, scheme, prefix).dequantize()  # a QuantWeight, or an Fp8Weight for FP8
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
