@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.quant import group_int8_kernel
 from engine.quant.checkpoint import QuantWeight
 
 
@@ -34,6 +35,8 @@ class GroupInt8Linear(nn.Module):
         self.register_buffer("values", qw.values.to(torch.int8).contiguous())
         self.register_buffer("scale", (half if exact_half else scale).contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float())
+        fits = group_int8_kernel.fits(self.out_features, self.in_features, self.group_size, self.scale)
+        self.kernel = group_int8_kernel.library() if fits else None
 
     def dequantized_weight(self) -> torch.Tensor:
         """The float32 weight: int8 x float16 products, exact in float32."""
@@ -41,8 +44,12 @@ class GroupInt8Linear(nn.Module):
         return torch.mul(grouped, self.scale.float().unsqueeze(-1)).view(self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.dequantized_weight()
-        out = F.linear(x, w if x.dtype == torch.float32 else w.to(x.dtype))
+        if (self.kernel is not None and x.dim() == 2 and 0 < x.shape[0] <= group_int8_kernel.MAX_ROWS
+                and x.dtype in group_int8_kernel.SUFFIX and x.stride(1) == 1):
+            out = group_int8_kernel.product(self.kernel, x, self.values, self.scale)
+        else:
+            w = self.dequantized_weight()
+            out = F.linear(x, w if x.dtype == torch.float32 else w.to(x.dtype))
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out

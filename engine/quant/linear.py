@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from engine.cpu_info import cpu_flags
+from engine.quant import int8_kernel
 from engine.quant.checkpoint import QuantWeight
 
 INT8_MAX = 127.0
@@ -53,7 +54,9 @@ def exact_int8_gemm() -> bool:
 
 
 class Int8Linear(nn.Module):
-    """int8 weight per output channel x int8 input per row, int32 sums (float sums without VNNI)."""
+    """int8 weight per output channel x int8 input per row, int32 sums: the C kernel of
+    ``int8_kernel`` (any AVX2 CPU) up to ``kernel_max_rows`` rows, ``torch._int_mm`` beyond with
+    VNNI (quantize and scaling in C), float sums of the rounded rows where neither runs."""
 
     def __init__(self, qw: QuantWeight, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -61,15 +64,25 @@ class Int8Linear(nn.Module):
             raise ValueError("Int8Linear takes symmetric per-channel int8 weights")
         self.out_features, self.in_features = qw.values.shape
         self.int_gemm = exact_int8_gemm()
-        # [in, out] for _int_mm's B; [out, in] for _weight_int8pack_mm
-        self.register_buffer("weight", qw.values.t().contiguous() if self.int_gemm else qw.values.contiguous())
+        self.kernel = int8_kernel.library() if int8_kernel.fits(self.out_features, self.in_features) else None
+        self.kernel_max_rows = int8_kernel.max_rows(self.int_gemm) if self.kernel is not None else 0
+        self.register_buffer("weight", qw.values.contiguous())  # [out, in]: the kernel's layout; _int_mm takes .t()
+        self.register_buffer("comp", None if self.kernel is None else int8_kernel.compensation(self.weight))
         self.register_buffer("weight_scale", qw.scale.reshape(1, -1).float().contiguous())
-        self.register_buffer("bias", None if bias is None else bias.detach().float())
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lib = self.kernel
+        if lib is not None and x.dim() == 2 and x.dtype in int8_kernel.SUFFIX and x.stride(1) == 1:
+            if 0 < x.shape[0] <= self.kernel_max_rows:
+                return int8_kernel.linear(lib, x, self.weight, self.comp, self.weight_scale[0], self.bias)
+            if self.int_gemm:
+                xq, x_scale = int8_kernel.quantize(lib, x)
+                sums = torch._int_mm(xq, self.weight.t())
+                return int8_kernel.scale(lib, sums, x_scale, self.weight_scale[0], self.bias, x.dtype)
         xq, x_scale = quantize_rows(x)
         if self.int_gemm:
-            out = torch._int_mm(xq, self.weight).float().mul_(x_scale).mul_(self.weight_scale)
+            out = torch._int_mm(xq, self.weight.t()).float().mul_(x_scale).mul_(self.weight_scale)
         else:
             out = torch.ops.aten._weight_int8pack_mm(xq.float() * x_scale, self.weight, self.weight_scale[0])
         if self.bias is not None:
@@ -77,8 +90,7 @@ class Int8Linear(nn.Module):
         return out.to(x.dtype)
 
     def dequantized_weight(self) -> torch.Tensor:
-        values = self.weight.t() if self.int_gemm else self.weight
-        return values.float() * self.weight_scale.t()
+        return self.weight.float() * self.weight_scale.t()
 
 
 class Int4Linear(nn.Module):

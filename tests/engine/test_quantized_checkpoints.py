@@ -60,11 +60,13 @@ def test_decoded_weights_equal_the_packages_decompression(kind, quant_dirs):
 
 @pytest.mark.parametrize("vnni", [True, False])
 def test_int8_product_equals_the_dequantised_reference(vnni, monkeypatch):
-    """Both paths: int32 sums through torch._int_mm (VNNI), float sums of the same rounded input
-    through _weight_int8pack_mm (the AVX2 answer, forced here)."""
+    """Both torch paths (the C kernel off; tests/engine/test_int8_kernel.py has it): int32 sums
+    through torch._int_mm (VNNI), float sums of the same rounded input through _weight_int8pack_mm."""
     import engine.quant.linear as quant_linear
+    from engine.quant import int8_kernel
 
     monkeypatch.setattr(quant_linear, "exact_int8_gemm", lambda: vnni)
+    monkeypatch.setattr(int8_kernel, "library", lambda: None)
     torch.manual_seed(0)
     qw = QuantWeight(torch.randint(-127, 128, (96, 128), dtype=torch.int8), torch.rand(96, 1) * 0.01, None, 128)
     layer = Int8Linear(qw, torch.randn(96))
