@@ -124,33 +124,47 @@ int int4_dequant(const uint8_t *packed, const float *sz, float *w, int64_t out, 
     return 0;
 }
 
-/* Rows r0 .. r0 + ROWS - 1 of one tile of OUT_TILE outputs. KU accumulators per row keep
- * independent FMA chains in flight where rows are few (one weight vector feeds every row). */
-#define TILE(ROWS, KU)                                                                         \
+/* Rows r0 .. r0 + ROWS - 1 of one tile of OUT_TILE outputs, NO outputs at a time (each x vector
+ * loaded then feeds NO weight vectors: at 8 rows one output per pass ran at about a third of the
+ * FMA peak). KU accumulators per row and output keep independent FMA chains in flight where rows
+ * are few (one weight vector feeds every row). */
+#define TILE(ROWS, KU, NO)                                                                     \
     do {                                                                                       \
         vf part[ROWS][OUT_TILE];                                                               \
-        for (int o = 0; o < OUT_TILE; ++o) {                                                   \
+        for (int o = 0; o < OUT_TILE; o += NO) {                                               \
             const int64_t row = tile * OUT_TILE + o;                                           \
-            const uint8_t *wp = packed + row * (in / 2);                                       \
-            const float *zp = sz + row * (in / 16);                                            \
-            vf acc[KU][ROWS];                                                                  \
-            for (int u = 0; u < KU; ++u)                                                       \
-                for (int r = 0; r < ROWS; ++r) acc[u][r] = ZERO();                             \
+            vf acc[NO][KU][ROWS];                                                              \
+            for (int n = 0; n < NO; ++n)                                                       \
+                for (int u = 0; u < KU; ++u)                                                   \
+                    for (int r = 0; r < ROWS; ++r) acc[n][u][r] = ZERO();                      \
             for (int64_t b = 0; b < in / 64; ++b) {                                            \
-                const block_t blk = load_block(wp + b * 32, zp + b * 4);                       \
+                block_t blk[NO];                                                               \
+                for (int n = 0; n < NO; ++n)                                                   \
+                    blk[n] = load_block(packed + (row + n) * (in / 2) + b * 32, sz + (row + n) * (in / 16) + b * 4); \
                 for (int j = 0; j < STEPS; ++j) {                                              \
-                    const vf wv = WEIGHTS(blk, j);                                             \
-                    for (int r = 0; r < ROWS; ++r)                                             \
-                        acc[j % KU][r] = FMA(wv, LOADX(xr + r * xs + b * 64 + j * LANES), acc[j % KU][r]); \
+                    vf wv[NO];                                                                 \
+                    for (int n = 0; n < NO; ++n) wv[n] = WEIGHTS(blk[n], j);                   \
+                    for (int r = 0; r < ROWS; ++r) {                                           \
+                        const vf xv = LOADX(xr + r * xs + b * 64 + j * LANES);                 \
+                        for (int n = 0; n < NO; ++n)                                           \
+                            acc[n][j % KU][r] = FMA(wv[n], xv, acc[n][j % KU][r]);             \
+                    }                                                                          \
                 }                                                                              \
             }                                                                                  \
-            for (int r = 0; r < ROWS; ++r) {                                                   \
-                for (int u = 1; u < KU; ++u) acc[0][r] = ADD(acc[0][r], acc[u][r]);            \
-                part[r][o] = acc[0][r];                                                        \
-            }                                                                                  \
+            for (int n = 0; n < NO; ++n)                                                       \
+                for (int r = 0; r < ROWS; ++r) {                                               \
+                    for (int u = 1; u < KU; ++u) acc[n][0][r] = ADD(acc[n][0][r], acc[n][u][r]); \
+                    part[r][o + n] = acc[n][0][r];                                             \
+                }                                                                              \
         }                                                                                      \
         for (int r = 0; r < ROWS; ++r) STORE(yt + r * OUT_TILE, HSUM(part[r]));                \
     } while (0)
+
+#ifdef __AVX512F__
+#define PAIR 2 /* 32 vector registers: 2 outputs x 8 rows of sums fit */
+#else
+#define PAIR 1 /* 16: they do not */
+#endif
 
 /* y rows (float32, or bfloat16 where y16) of x (float32, row stride xs) times the packed weight. */
 static void product(const float *x, int64_t xs, const uint8_t *packed, const float *sz, float *y, uint16_t *y16,
@@ -162,14 +176,14 @@ static void product(const float *x, int64_t xs, const uint8_t *packed, const flo
             const float *xr = x + r0 * xs;
             const int64_t n = rows - r0 < CHUNK ? rows - r0 : CHUNK;
             switch (n) {
-            case 1: TILE(1, 4); break;
-            case 2: TILE(2, 4); break;
-            case 3: TILE(3, 2); break;
-            case 4: TILE(4, 2); break;
-            case 5: TILE(5, 1); break;
-            case 6: TILE(6, 1); break;
-            case 7: TILE(7, 1); break;
-            default: TILE(8, 1); break;
+            case 1: TILE(1, 4, 1); break;
+            case 2: TILE(2, 4, 1); break;
+            case 3: TILE(3, 2, PAIR); break;
+            case 4: TILE(4, 2, PAIR); break;
+            case 5: TILE(5, 1, PAIR); break;
+            case 6: TILE(6, 1, PAIR); break;
+            case 7: TILE(7, 1, PAIR); break;
+            default: TILE(8, 1, PAIR); break;
             }
             for (int64_t r = 0; r < n; ++r)
                 for (int o = 0; o < OUT_TILE; ++o) {

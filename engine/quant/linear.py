@@ -82,15 +82,24 @@ class Int8Linear(nn.Module):
         return values.float() * self.weight_scale.t()
 
 
+@functools.cache
+def fast_bf16_products() -> bool:
+    """Whether the engine multiplies bfloat16 in bfloat16 at many rows here (engine/models/linear.py)."""
+    from engine.models.linear import bf16_beats_float32, compute_dtype
+
+    return compute_dtype(torch.bfloat16) == torch.bfloat16 and bf16_beats_float32()
+
+
 class Int4Linear(nn.Module):
     """4-bit weight per group; float32 scales and offsets with the C kernel, else bfloat16 ones.
 
     With the C kernel (``engine/quant/int4_kernel.py``: AVX-512 or AVX2 with FMA, and a compiler)
     the weight is ``dequantized_weight()`` exactly, built in float32 registers: up to
-    ``C_MAX_ROWS`` rows the kernel multiplies it into float32 sums (any input dtype; a bfloat16
-    result rounded once); beyond, the C kernel writes it out in float32 for the call and oneDNN/MKL
-    multiplies (float32 rows; a 16-bit input is widened and its result rounded). So a float32 model
-    keeps its activations, and a GGUF model's weights are its dequantised float32 ones.
+    ``C_MAX_ROWS`` rows (``C_MAX_ROWS_16BIT`` for 16-bit rows) the kernel multiplies it into float32
+    sums (a bfloat16 result rounded once); beyond, the C kernel writes it out in float32 for the call
+    and MKL multiplies float32 rows, or, where the engine's bfloat16 products are the fast ones,
+    bfloat16 rows by that weight rounded to bfloat16 (the dequantised bfloat16 model's product).
+    So a float32 model keeps its activations, and a GGUF model's weights are its dequantised ones.
 
     Without it, the weight stays in torch's CPU int4 layout with bfloat16 scales and zeros: up to
     ``KERNEL_MAX_ROWS`` rows torch's int4 kernel on bfloat16 rows (rounding its output to bfloat16
@@ -100,7 +109,12 @@ class Int4Linear(nn.Module):
 
     BLOCK = 64  # torch's CPU int4 layout packs 64 output rows per block: [K, 32] bytes, low nibble row j, high j+32
     KERNEL_MAX_ROWS = 16  # torch's int4 kernel
-    C_MAX_ROWS = 16  # the C kernel (measured: docs/performance/quantization.md)
+    # Up to this many rows the C kernel; beyond, the weight written out for the call. float32: the
+    # kernel beat writing it + MKL at 1-64 rows and lost at 256 (6.3 vs 7.5 ms, 26 vs 20 per layer,
+    # 1 thread); bfloat16 rows: at 16 rows the kernel beat the engine's bfloat16 product's per-call
+    # cost, beyond it the 16-bit product (AMX here) wins (docs/performance/quantization.md).
+    C_MAX_ROWS = 64
+    C_MAX_ROWS_16BIT = 16
 
     def __init__(self, qw: QuantWeight, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -131,10 +145,13 @@ class Int4Linear(nn.Module):
         return out.to(x.dtype)
 
     def _c_product(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] <= self.C_MAX_ROWS:
+        sixteen = x.dtype != torch.float32
+        if x.shape[0] <= (self.C_MAX_ROWS_16BIT if sixteen else self.C_MAX_ROWS):
             native = x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and self.bias is None)
             xk = x if native and x.stride(-1) == 1 else x.float()  # the bias is added before rounding
             return self.kernel.product(xk, self.packed, self.scales_and_zeros, self.out_features)
+        if sixteen and x.dtype == torch.bfloat16 and fast_bf16_products():  # the dequantised model's product
+            return torch.nn.functional.linear(x, self.dequantized_weight().to(torch.bfloat16))
         return torch.nn.functional.linear(x.float(), self.dequantized_weight())
 
     def _torch_product(self, x: torch.Tensor) -> torch.Tensor:

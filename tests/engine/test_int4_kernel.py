@@ -95,8 +95,9 @@ def test_no_kernel_without_cpu_kernels(monkeypatch):
 
 
 def test_int4_linear_runs_the_kernel_and_its_weight_beyond(monkeypatch):
-    """Up to C_MAX_ROWS rows the kernel; beyond, the same weight written out and multiplied in
-    float32 (a bfloat16 input widened, the result rounded): both the dequantised weight's product."""
+    """Up to C_MAX_ROWS rows (C_MAX_ROWS_16BIT for bfloat16 rows) the kernel; beyond, the same
+    weight written out and multiplied by MKL / oneDNN (in bfloat16 where the engine's bfloat16
+    products are the fast ones: the weight rounded to bfloat16 there, as the dequantised model's)."""
     if ik.int4_kernel() is None:
         pytest.skip("no int4 kernel on this machine")
     qw = weights("q4_k")
@@ -108,16 +109,19 @@ def test_int4_linear_runs_the_kernel_and_its_weight_beyond(monkeypatch):
     calls = []
     product = layer.kernel.product
     monkeypatch.setattr(layer.kernel, "product", lambda x, *a: calls.append(x.shape[0]) or product(x, *a))
-    for rows in (1, Int4Linear.C_MAX_ROWS, Int4Linear.C_MAX_ROWS + 1, 64):
-        x = torch.randn(rows, COLS)
-        want = F.linear(x.double(), qw.dequantize().double(), bias.double())
-        sums = x.double().abs() @ qw.dequantize().double().abs().t() + bias.double().abs()
-        assert bool(((layer(x).double() - want).abs() <= 1e-6 * sums).all())  # float32 sums
-        got16 = layer(x.bfloat16())
-        assert got16.dtype == torch.bfloat16
-        want16 = F.linear(x.bfloat16().double(), qw.dequantize().double(), bias.double())
-        torch.testing.assert_close(got16.double(), want16, rtol=2 ** -7, atol=1e-5)
-    assert calls == [1, 1, Int4Linear.C_MAX_ROWS, Int4Linear.C_MAX_ROWS]
+    w = qw.dequantize().double()
+    for dtype, limit in ((torch.float32, Int4Linear.C_MAX_ROWS), (torch.bfloat16, Int4Linear.C_MAX_ROWS_16BIT)):
+        for rows in (1, limit, limit + 1):
+            x = torch.randn(rows, COLS).to(dtype)
+            got = layer(x)
+            assert got.dtype == dtype
+            want = F.linear(x.double(), w, bias.double())
+            sums = x.double().abs() @ w.abs().t() + bias.double().abs()
+            if dtype == torch.float32:
+                assert bool(((got.double() - want).abs() <= 1e-6 * sums).all())  # float32 sums
+            else:  # the result rounded once; beyond the kernel, each weight too
+                assert bool(((got.double() - want).abs() <= 2 ** -8 * (want.abs() + sums)).all())
+    assert calls == [1, Int4Linear.C_MAX_ROWS, 1, Int4Linear.C_MAX_ROWS_16BIT]
 
 
 def test_int4_linear_falls_back_to_torchs_kernel_where_the_shape_does_not_fit():
