@@ -80,11 +80,12 @@ def weight_bytes(llm) -> int:
     return total
 
 
-def use_int4_reference(monkeypatch, weights: dict[str, torch.Tensor], vocab: int) -> None:
+def use_int4_reference(monkeypatch, weights: dict[str, torch.Tensor], vocab: int, rounds_to_bfloat16: bool) -> None:
     """Make every LLM built after this the int4 products' float reference: its linears get
-    ``weights`` (the dequantised int4 weights, bfloat16 scales and zeros) and repacked, and each
-    linear but the LM head (``vocab`` outputs) rounds its input to bfloat16 and, at the few rows
-    the int4 kernel takes, its output too."""
+    ``weights`` (the dequantised int4 weights ``dequantized_weight()`` gives) and repacked. Where
+    the products are torch's int4 kernel (``rounds_to_bfloat16``: no C kernel), each linear but
+    the LM head (``vocab`` outputs) rounds its input to bfloat16 and, at the few rows that kernel
+    takes, its output too; the C kernel multiplies float32 rows as they are."""
     from engine import LLM
     from engine.models.linear import Linear
     from engine.quant.linear import Int4Linear
@@ -106,4 +107,5 @@ def use_int4_reference(monkeypatch, weights: dict[str, torch.Tensor], vocab: int
         return out.bfloat16().float() if x.shape[0] <= Int4Linear.KERNEL_MAX_ROWS else out
 
     monkeypatch.setattr(LLM, "__init__", with_int4_weights)
-    monkeypatch.setattr(Linear, "forward", rounded)
+    if rounds_to_bfloat16:
+        monkeypatch.setattr(Linear, "forward", rounded)

@@ -3,9 +3,12 @@ GGUF (``engine/model_registry.py``) keeps the file (``GGUF_FILE``, ``gguf/model.
 transformers dequantised; the loader fills the model from those, then each linear whose GGUF
 tensor ``gguf_blocks.py`` decodes is swapped for the product that runs its blocks:
 
-- 4-bit types (Q4_K, Q4_1, Q4_0) -> ``Int4Linear``: torch's int4 kernel, group 32, scale and zero
-  ``(8 - zp) * scale + offset`` per group (the kernel's ``w = (u - 8) * scale + zero``);
-- int8 types (Q8_0, Q5_0) -> ``GroupInt8Linear``: int8 values, float16 scale per 32, weight-only.
+- 4-bit types (Q4_K, Q4_1, Q4_0) -> ``Int4Linear``: the C int4 kernel, group 32, float32 scale
+  and offset, so the weight it builds is gguf's dequantisation bit for bit (``int4_kernel.py``) and
+  a float32 model runs as stored too; without that kernel (no compiler, ``TOKENMILL_CPU_KERNELS=0``)
+  torch's int4 kernel, which rounds rows and scales to bfloat16: then only 16-bit models do;
+- int8 types (Q8_0, Q5_0) -> ``GroupInt8Linear``: int8 values, float16 scale per 32, weight-only
+  (its weight is gguf's dequantisation bit for bit: exact at every dtype).
 
 Names map through gguf's own ``TensorNameMap``; llama.cpp's q/k row permutation (``llama`` only,
 as transformers undoes it) is undone on the quantized rows. Before a swap the decoded weight must
@@ -28,7 +31,7 @@ from engine.quant.gguf_blocks import BITS, decode, permute_rows
 from engine.quant.group_int8 import GroupInt8Linear
 from engine.quant.linear import Int4Linear
 
-AS_STORED_DTYPES = (torch.bfloat16, torch.float16)  # int4 kernel runs 16-bit rows; float32 stays exact (docs)
+AS_STORED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float32: 4-bit needs the C kernel
 
 
 @dataclass
@@ -103,6 +106,9 @@ def swap_gguf_linears(model: nn.Module, found: dict, left: Counter) -> str:
             quantized = cls(QuantWeight.cat([lin.weight for _, lin in parts]), module.bias)
         except ValueError:  # mixed zero points / offsets, or a shape the product does not take
             left[f"{names} (no product for this mix or shape)"] += 1
+            continue
+        if module.weight.dtype == torch.float32 and getattr(quantized, "rounds_to_bfloat16", False):
+            left[f"{names} (float32 needs the C int4 kernel)"] += 1  # torch's would round the rows
             continue
         parent, _, child = mname.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, quantized)

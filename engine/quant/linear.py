@@ -13,10 +13,10 @@ its ``vpmaddubsw`` kernels) ``torch._int_mm`` returned wrong sums for 99.99% of 
 is multiplied in float by the int8 weight, dequantised per channel inside
 ``_weight_int8pack_mm``: the same result up to float rounding, at int8 weight bytes.
 
-``Int4Linear`` (W4A16): the weight stays 4-bit in torch's CPU int4 layout
-(``_convert_weight_to_int4pack_for_cpu``), group-wise float32 scales and zero points, and
-``_weight_int4pack_mm_for_cpu`` dequantises each block in registers as it multiplies (float32
-inputs, so scales keep their float32 precision; a bfloat16 model's rows are widened first).
+``Int4Linear`` (weight-only 4-bit): the weight stays 4-bit, group-wise. With the C kernel
+(``engine/quant/int4_kernel.py``) its scales and offsets stay float32 and rows keep their dtype
+(float32 models included); without it, torch's CPU int4 layout and ``_weight_int4pack_mm_for_cpu``
+on bfloat16 rows with bfloat16 scales and zeros (its float32 path is scalar).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from torch import nn
 from engine.cpu_info import cpu_flags
 from engine.quant import int8_kernel
 from engine.quant.checkpoint import QuantWeight
+from engine.quant.int4_kernel import int4_kernel
 
 INT8_MAX = 127.0
 
@@ -93,51 +94,90 @@ class Int8Linear(nn.Module):
         return self.weight.float() * self.weight_scale.t()
 
 
-class Int4Linear(nn.Module):
-    """4-bit weight per group, scales and zero points in bfloat16, 16-bit inputs.
+@functools.cache
+def fast_bf16_products() -> bool:
+    """Whether the engine multiplies bfloat16 in bfloat16 at many rows here (engine/models/linear.py)."""
+    from engine.models.linear import bf16_beats_float32, compute_dtype
 
-    Up to ``KERNEL_MAX_ROWS`` rows the product is torch's int4 kernel on the packed weight (it
-    reads half a byte per weight); beyond, the weight is unpacked to the input's dtype for that one
-    call and multiplied by oneDNN/MKL (the unpacking is amortised over the rows; torch's int4
-    kernel was 2x slower than a bfloat16 product at 64 rows and 15x at 256 here, while unpacking a
-    3072 x 576 weight in torch ops took 1.6 ms, best of 9; a plain C loop took 24). Inputs are
-    rounded to bfloat16 (A16) either way, so both paths multiply ``dequantized_weight()`` by the
-    same bfloat16 input; the kernel also rounds its output to bfloat16.
+    return compute_dtype(torch.bfloat16) == torch.bfloat16 and bf16_beats_float32()
+
+
+class Int4Linear(nn.Module):
+    """4-bit weight per group; float32 scales and offsets with the C kernel, else bfloat16 ones.
+
+    With the C kernel (``engine/quant/int4_kernel.py``: AVX-512 or AVX2 with FMA, and a compiler)
+    the weight is ``dequantized_weight()`` exactly, built in float32 registers: up to
+    ``C_MAX_ROWS`` rows (``C_MAX_ROWS_16BIT`` for 16-bit rows) the kernel multiplies it into float32
+    sums (a bfloat16 result rounded once); beyond, the C kernel writes it out in float32 for the call
+    and MKL multiplies float32 rows, or, where the engine's bfloat16 products are the fast ones,
+    bfloat16 rows by that weight rounded to bfloat16 (the dequantised bfloat16 model's product).
+    So a float32 model keeps its activations, and a GGUF model's weights are its dequantised ones.
+
+    Without it, the weight stays in torch's CPU int4 layout with bfloat16 scales and zeros: up to
+    ``KERNEL_MAX_ROWS`` rows torch's int4 kernel on bfloat16 rows (rounding its output to bfloat16
+    too); beyond, the weight unpacked in torch ops for the call (torch's int4 kernel was 2x slower
+    than a bfloat16 product at 64 rows and 15x at 256 here). ``rounds_to_bfloat16`` says which.
     """
 
     BLOCK = 64  # torch's CPU int4 layout packs 64 output rows per block: [K, 32] bytes, low nibble row j, high j+32
+    KERNEL_MAX_ROWS = 16  # torch's int4 kernel
+    # Up to this many rows the C kernel; beyond, the weight written out for the call. float32: the
+    # kernel beat writing it + MKL at 1-64 rows and lost at 256 (6.3 vs 7.5 ms, 26 vs 20 per layer,
+    # 1 thread); bfloat16 rows: at 16 rows the kernel beat the engine's bfloat16 product's per-call
+    # cost, beyond it the 16-bit product (AMX here) wins (docs/performance/quantization.md).
+    C_MAX_ROWS = 64
+    C_MAX_ROWS_16BIT = 16
 
     def __init__(self, qw: QuantWeight, bias: torch.Tensor | None) -> None:
         super().__init__()
         out, cols = qw.values.shape
-        if out % self.BLOCK or cols % qw.group_size:
-            raise ValueError(f"Int4Linear needs rows in blocks of {self.BLOCK} and whole groups, got {out}x{cols}")
         self.out_features, self.in_features, self.group_size = out, cols, qw.group_size
-        unsigned = (qw.values.int() + 8).contiguous()  # torch's int4 layout: w = (u - 8) * scale + zero
-        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, 1))
-        zero = torch.zeros_like(qw.scale) if qw.zero is None else -qw.zero.float() * qw.scale  # (q - zp) * s
-        if qw.offset is not None:  # GGUF's float minimum: (q - zp) * s + offset
-            zero = zero + qw.offset
-        sz = torch.stack([qw.scale.float().t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
-        self.register_buffer("scales_and_zeros", sz)  # [groups, out, 2]
+        kernel = int4_kernel()
+        self.kernel = kernel if kernel is not None and kernel.takes(out, cols, qw.group_size) else None
+        self.rounds_to_bfloat16 = self.kernel is None
+        if self.kernel is not None:
+            packed, sz = self.kernel.pack(qw)  # [out, in / 2], [out, in / 32, 2] float32
+        else:
+            if out % self.BLOCK or cols % qw.group_size:
+                raise ValueError(f"Int4Linear needs rows in blocks of {self.BLOCK} and whole groups, got {out}x{cols}")
+            unsigned = (qw.values.int() + 8).contiguous()  # torch's int4 layout: w = (u - 8) * scale + zero
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, 1)
+            zero = torch.zeros_like(qw.scale) if qw.zero is None else -qw.zero.float() * qw.scale  # (q - zp) * s
+            if qw.offset is not None:  # GGUF's float minimum: (q - zp) * s + offset
+                zero = zero + qw.offset
+            sz = torch.stack([qw.scale.float().t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()  # [groups, out, 2]
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_and_zeros", sz)
         self.register_buffer("bias", None if bias is None else bias.detach().float())
 
-    KERNEL_MAX_ROWS = 16
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xb = x.to(torch.bfloat16)
-        if x.shape[0] <= self.KERNEL_MAX_ROWS:
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, self.group_size, self.scales_and_zeros)
-        elif x.dtype == torch.bfloat16:
-            out = torch.nn.functional.linear(xb, self.dequantized_weight().to(torch.bfloat16))
-        else:
-            out = torch.nn.functional.linear(xb.float(), self.dequantized_weight())
+        out = self._c_product(x) if self.kernel is not None else self._torch_product(x)
         if self.bias is not None:
             out = out + self.bias
         return out.to(x.dtype)
 
+    def _c_product(self, x: torch.Tensor) -> torch.Tensor:
+        sixteen = x.dtype != torch.float32
+        if x.shape[0] <= (self.C_MAX_ROWS_16BIT if sixteen else self.C_MAX_ROWS):
+            native = x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and self.bias is None)
+            xk = x if native and x.stride(-1) == 1 else x.float()  # the bias is added before rounding
+            return self.kernel.product(xk, self.packed, self.scales_and_zeros, self.out_features)
+        if sixteen and x.dtype == torch.bfloat16 and fast_bf16_products():  # the dequantised model's product
+            return torch.nn.functional.linear(x, self.dequantized_weight().to(torch.bfloat16))
+        return torch.nn.functional.linear(x.float(), self.dequantized_weight())
+
+    def _torch_product(self, x: torch.Tensor) -> torch.Tensor:
+        xb = x.to(torch.bfloat16)
+        if x.shape[0] <= self.KERNEL_MAX_ROWS:
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, self.group_size, self.scales_and_zeros)
+        if x.dtype == torch.bfloat16:
+            return torch.nn.functional.linear(xb, self.dequantized_weight().to(torch.bfloat16))
+        return torch.nn.functional.linear(xb.float(), self.dequantized_weight())
+
     def dequantized_weight(self) -> torch.Tensor:
-        """The float32 weight the kernel multiplies by (bfloat16 scales and zeros applied)."""
+        """The float32 weight the products multiply by (torch's layout: bfloat16 scales and zeros applied)."""
+        if self.kernel is not None:
+            return self.kernel.dequantize(self.packed, self.scales_and_zeros)
         out, cols, g = self.out_features, self.in_features, self.group_size
         blocks = self.packed.view(out // self.BLOCK, cols, self.BLOCK // 2)
         u = torch.cat([blocks & 15, blocks >> 4], dim=2).transpose(1, 2).reshape(out, cols)

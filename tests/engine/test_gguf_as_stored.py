@@ -63,8 +63,9 @@ def test_blocks_decode_to_gguf_dequantisation_bit_for_bit(gguf_tensors, qtype):
 @pytest.mark.parametrize("qtype", [q for q, b in BITS.items() if b == 4], ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [4, 40])  # the int4 kernel; the weight unpacked for the call
 def test_int4_product_matches_the_dequantised_layer(gguf_tensors, qtype, rows):
-    """The kernel takes scale and zero in bfloat16 (its float32 path is scalar, docs): the bound is
-    that rounding of each group's ``(q - 8) * scale`` and ``zero``, plus the output's, 2^-8 each."""
+    """bfloat16 rows: the bound is torch's int4 kernel's (scale and zero in bfloat16: that rounding
+    of each group's ``(q - 8) * scale`` and ``zero``, plus the output's, 2^-8 each); the C kernel's
+    float32 weight and sums sit well inside it."""
     qw = decode(gguf_tensors[qtype].data, qtype, (ROWS, COLS))
     reference = qw.dequantize()
     layer = Int4Linear(qw, None)
@@ -78,6 +79,23 @@ def test_int4_product_matches_the_dequantised_layer(gguf_tensors, qtype, rows):
     bound = 2 ** -8 * (xb.abs() @ magnitude.t() + expected.abs()) + 1e-6
     err = (layer(x.bfloat16()).float() - expected).abs()
     assert bool((err <= bound).all()), float((err / bound).max())
+
+
+@pytest.mark.parametrize("qtype", [q for q, b in BITS.items() if b == 4], ids=lambda t: t.name)
+def test_int4_at_float32_is_the_dequantised_weights_product(gguf_tensors, qtype):
+    """With the C kernel the weight is gguf's dequantisation bit for bit, and float32 rows are
+    multiplied as they are: the float product up to float32 summation order, at few and many rows."""
+    qw = decode(gguf_tensors[qtype].data, qtype, (ROWS, COLS))
+    layer = Int4Linear(qw, None)
+    if layer.kernel is None:
+        pytest.skip("no C int4 kernel on this machine")
+    reference = qw.dequantize()
+    assert torch.equal(layer.dequantized_weight(), reference)
+    for rows in (1, 3, 8, 40):
+        x = torch.randn(rows, COLS, generator=torch.Generator().manual_seed(rows))
+        want = F.linear(x.double(), reference.double())
+        bound = 1e-6 * (x.double().abs() @ reference.double().abs().t())
+        assert bool(((layer(x).double() - want).abs() <= bound).all())
 
 
 @pytest.mark.parametrize("qtype", [q for q, b in BITS.items() if b == 8], ids=lambda t: t.name)
@@ -113,3 +131,36 @@ def test_packaged_smollm2_runs_q4_1_as_int4():
     assert runs["auto"][1] == runs["none"][1]
     # the tied 49152 x 576 embedding stays bfloat16 (57 MB); the linears go from 2 to 0.625 bytes a weight
     assert runs["auto"][2] < 0.6 * runs["none"][2], (runs["auto"][2], runs["none"][2])
+
+
+def test_packaged_smollm2_runs_as_stored_at_float32():
+    """The default dtype: the Q4_1 linears run as Int4Linear on the C kernel (gguf's weights bit
+    for bit, float32 rows), the same greedy tokens as the dequantised float32 model."""
+    params = SamplingParams(max_tokens=24, temperature=0.0)
+    runs = {}
+    for quantization in ("auto", "none"):
+        llm = LLM(DEFAULT_MODEL, quantization=quantization, num_kv_blocks=32)
+        model = llm.engine.runner.model
+        int4 = [m for m in model.modules() if isinstance(m, Int4Linear)]
+        runs[quantization] = (llm.engine.quantization, [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)])
+        if quantization == "none":
+            assert int4 == []
+        elif int4 and int4[0].kernel is None:
+            pytest.skip("no C int4 kernel on this machine: float32 stays dequantised (checked below)")
+        else:
+            assert len(int4) == 120 and all(m.kernel is not None and not m.rounds_to_bfloat16 for m in int4)
+            assert next(model.parameters()).dtype == torch.float32
+    assert runs["auto"][0] == "GGUF as stored: Q4_1 as int4 x120"
+    assert runs["none"][0] == "GGUF dequantised to torch.float32"
+    assert runs["auto"][1] == runs["none"][1]
+
+
+def test_float32_without_the_c_kernel_stays_dequantised(monkeypatch):
+    """torch's int4 kernel would round a float32 model's rows to bfloat16: without the C kernel the
+    4-bit linears stay float at float32, and say why."""
+    import engine.quant.linear as quant_linear
+
+    monkeypatch.setattr(quant_linear, "int4_kernel", lambda: None)
+    llm = LLM(DEFAULT_MODEL, num_kv_blocks=16)
+    assert llm.engine.quantization == "GGUF as stored: nothing; dequantised: Q4_1 (float32 needs the C int4 kernel) x120"
+    assert not any(isinstance(m, Int4Linear) for m in llm.engine.runner.model.modules())

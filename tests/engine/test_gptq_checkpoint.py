@@ -80,14 +80,17 @@ def test_gptq_weights_decode_as_the_package_decompresses_them():
 
 
 def test_gptq_int4_tokens_equal_the_dequantised_model(monkeypatch):
-    """The reference: the dequantised model given the weights the int4 products use (bfloat16
-    scales and zeros), each linear's input rounded to bfloat16 and, at few rows, its output too."""
+    """The reference: the dequantised model given the weights the int4 products use; with
+    torch's int4 kernel (no C kernel here) each linear's input rounded to bfloat16 and, at few
+    rows, its output too (``use_int4_reference``)."""
     what, quantized = _greedy("auto")
     assert what == "int4 W4A16 (group 32, with zero points)"
     model = LLM(str(FIXTURE), num_kv_blocks=16).engine.runner.model
     weights = {n: m.dequantized_weight() for n, m in model.named_modules() if isinstance(m, Int4Linear)}
+    rounds = {m.rounds_to_bfloat16 for m in model.modules() if isinstance(m, Int4Linear)}
     assert len(weights) == 8  # qkv, o, gate_up, down in each of 2 layers
-    use_int4_reference(monkeypatch, weights, VOCAB)
+    assert len(rounds) == 1
+    use_int4_reference(monkeypatch, weights, VOCAB, rounds.pop())
     none, reference = _greedy("none")
     assert none == "pack-quantized dequantised to torch.float32"
     assert quantized == reference

@@ -13,6 +13,7 @@ from model_fixtures import build_tiny_llama
 from quant_checkpoints import use_int4_reference, write_quantized
 from safetensors import safe_open
 
+import engine.quant.linear as quant_linear
 from engine import LLM, SamplingParams
 from engine.models.linear import Linear
 from engine.quant.checkpoint import QuantWeight, decode
@@ -79,16 +80,33 @@ def test_int8_product_equals_the_dequantised_reference(vnni, monkeypatch):
         torch.testing.assert_close(layer.forward(x), ref, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("c_kernel", [True, False], ids=["c-kernel", "torch-int4"])
 @pytest.mark.parametrize("zero", [False, True])
-def test_int4_product_equals_the_dequantised_reference(zero):
-    """Both paths multiply the bfloat16-rounded input by ``dequantized_weight()`` (the weight with
-    its scales and zeros in bfloat16, checked here against the values); the kernel path (few rows)
-    rounds its output to bfloat16 as well."""
+def test_int4_product_equals_the_dequantised_reference(zero, c_kernel, monkeypatch):
+    """With the C kernel (tests/engine/test_int4_kernel.py) the weight is the values' own, float32
+    scales (the zero point's offset rounded once), and float32 rows are multiplied as they are.
+    With torch's int4 kernel both paths multiply the bfloat16-rounded input by the weight with its
+    scales and zeros in bfloat16; the kernel path (few rows) rounds its output to bfloat16 as well."""
     torch.manual_seed(1)
     values = torch.randint(-8, 8, (128, 128), dtype=torch.int8)
     scale = torch.rand(128, 4) * 0.1
     zp = torch.randint(-8, 8, (128, 4), dtype=torch.int8) if zero else None
-    layer = Int4Linear(QuantWeight(values, scale, zp, 32), None)
+    qw = QuantWeight(values, scale, zp, 32)
+    if not c_kernel:  # as without a compiler, or with TOKENMILL_CPU_KERNELS=0
+        monkeypatch.setattr(quant_linear, "int4_kernel", lambda: None)
+    layer = Int4Linear(qw, None)
+    assert layer.rounds_to_bfloat16 is (layer.kernel is None)
+    if c_kernel and layer.kernel is None:
+        pytest.skip("no C int4 kernel on this machine")
+    if c_kernel:
+        weight = qw.dequantize()
+        tol = {"rtol": 2 ** -22, "atol": 2 ** -24 * 1.6} if zero else {"rtol": 0, "atol": 0}
+        torch.testing.assert_close(layer.dequantized_weight(), weight, **tol)
+        for rows in (1, 5, 40):
+            x = torch.randn(rows, 128)
+            torch.testing.assert_close(layer.forward(x), x @ layer.dequantized_weight().t(), rtol=1e-5, atol=1e-5)
+        assert layer.forward(torch.randn(4, 128).bfloat16()).dtype == torch.bfloat16
+        return
     zero_f = torch.zeros_like(scale) if zp is None else -zp.float() * scale
     weight = (values.float().unflatten(1, (-1, 32)) * scale.bfloat16().float().unsqueeze(-1)
               + zero_f.bfloat16().float().unsqueeze(-1)).flatten(1)
@@ -103,15 +121,18 @@ def test_int4_product_equals_the_dequantised_reference(zero):
 
 
 def test_weight_only_int4_tokens_equal_the_dequantised_model(quant_dirs, monkeypatch):
-    """The reference: the dequantised model given the weights the int4 products use (bfloat16
-    scales), each linear's input rounded to bfloat16 and, at few rows, its output too."""
+    """The reference: the dequantised model given the weights the int4 products use; with
+    torch's int4 kernel (no C kernel here) each linear's input rounded to bfloat16 and, at few
+    rows, its output too (``use_int4_reference``)."""
     folder = quant_dirs["int4-asym"]  # zero points too; the symmetric decoding is checked above
     what, quantized = greedy(folder, "auto")
     assert what.startswith("int4 W4A16")
     auto = LLM(str(folder), num_kv_blocks=16).engine.runner.model
     weights = {n: m.dequantized_weight() for n, m in auto.named_modules() if isinstance(m, Int4Linear)}
+    rounds = {m.rounds_to_bfloat16 for m in auto.modules() if isinstance(m, Int4Linear)}
     assert len(weights) == 8  # qkv, o, gate_up, down in each of 2 layers
-    use_int4_reference(monkeypatch, weights, VOCAB)
+    assert len(rounds) == 1
+    use_int4_reference(monkeypatch, weights, VOCAB, rounds.pop())
     none, reference = greedy(folder, "none")
     assert none == "pack-quantized dequantised to torch.float32"
     assert quantized == reference
