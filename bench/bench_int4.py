@@ -9,7 +9,8 @@ reversed every round; medians.
 
 ``decode``: the packaged default model (Q4_1 GGUF), float32 dequantised vs as stored, and
 bfloat16 dequantised / as stored for reference: seconds for 1, 2, 4 sequences x ``--out-len``
-tokens and ``--large`` sequences (16-token random prompts, EOS ignored), variants alternating.
+tokens and ``--large`` sequences x ``--large-out-len`` (16-token random prompts, EOS ignored),
+variants alternating, order reversed every round; the JSON is rewritten after every round.
 
     PYTHONPATH=$PWD .venv/bin/python bench/bench_int4.py probe --out bench/published
     PYTHONPATH=$PWD .venv/bin/python bench/bench_int4.py decode --out bench/published
@@ -110,15 +111,17 @@ DECODE_VARIANTS = {"float32 dequantised": ("float32", "none"), "float32 as store
                    "bfloat16 dequantised": ("bfloat16", "none"), "bfloat16 as stored": ("bfloat16", "auto")}
 
 
-def decode(args) -> dict:
+def decode(args, save) -> dict:
     rng = random.Random(0)
     prompts = [[1] + [rng.randrange(3, 49152) for _ in range(15)] for _ in range(args.large)]
     batches = {f"{n}_seqs": prompts[:n] for n in (*args.small, args.large)}
-    params = SamplingParams(max_tokens=args.out_len, temperature=0, ignore_eos=True)
+    out_len = {k: args.large_out_len if k == f"{args.large}_seqs" else args.out_len for k in batches}
     llms, result = {}, {}
-    blocks = args.large * -(-(16 + args.out_len) // 16) + 16
-    for name, (dtype, quantization) in DECODE_VARIANTS.items():
-        llm = LLM(DEFAULT_MODEL, dtype=dtype, quantization=quantization, num_kv_blocks=blocks, max_num_seqs=args.large)
+    blocks = args.large * -(-(16 + max(args.out_len, args.large_out_len)) // 16) + 16
+    for name in args.variants:
+        dtype, quantization = DECODE_VARIANTS[name]
+        llm = LLM(DEFAULT_MODEL, dtype=dtype, quantization=quantization, num_kv_blocks=blocks, max_num_seqs=args.large,
+                  num_threads=args.threads or None)
         llm.generate(prompts[:2], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))  # warm
         llms[name] = llm
         result[name] = {"runs": llm.engine.quantization, **{k: [] for k in batches}}
@@ -128,12 +131,14 @@ def decode(args) -> dict:
     for r in range(args.rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             for key, batch in batches.items():
+                params = SamplingParams(max_tokens=out_len[key], temperature=0, ignore_eos=True)
                 t = time.perf_counter()
                 llms[name].generate(batch, params)
                 result[name][key].append(round(time.perf_counter() - t, 3))
             print(name, {k: result[name][k][-1] for k in batches}, flush=True)
-    for v in result.values():
-        v["out_tok_s"] = {k: round(len(b) * args.out_len / statistics.median(v[k]), 1) for k, b in batches.items()}
+        for v in result.values():
+            v["out_tok_s"] = {k: round(len(b) * out_len[k] / statistics.median(v[k]), 1) for k, b in batches.items()}
+        save(result | {"rounds_done": r + 1})  # after every round: a cut run keeps what it has
     return result
 
 
@@ -144,6 +149,8 @@ def main() -> None:
     ap.add_argument("--small", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--large", type=int, default=64)
     ap.add_argument("--out-len", type=int, default=64)
+    ap.add_argument("--large-out-len", type=int, default=32)
+    ap.add_argument("--variants", nargs="+", default=list(DECODE_VARIANTS), choices=list(DECODE_VARIANTS))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: as set up)")
     ap.add_argument("--out", default="bench/published")
@@ -154,9 +161,12 @@ def main() -> None:
     result = {"command": " ".join(sys.argv), "cpu": cpu_info(), "cpu_flags": sorted(f for f in FLAGS if f in flags),
               "threads": torch.get_num_threads(), "c_kernel_lanes": None if int4_kernel() is None else int4_kernel().out_tile,
               "int4_c_max_rows": Int4Linear.C_MAX_ROWS}
-    result[args.what] = probe(args) if args.what == "probe" else decode(args)
     out = Path(args.out) / f"int4-{args.what}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps(result, indent=1))
+
+    def save(part: dict) -> None:
+        out.write_text(json.dumps(result | {args.what: part}, indent=1))
+
+    save(probe(args) if args.what == "probe" else decode(args, save))
     print("->", out)
 
 
