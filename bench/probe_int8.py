@@ -5,8 +5,9 @@ Variants, alternating round by round: ``bf16_packed`` (engine/models/linear.py's
 ``int8_old`` (Int8Linear before the C kernel: quantize_rows, torch._int_mm on the [in, out]
 weight, eager scaling; on a CPU without VNNI, the float route through _weight_int8pack_mm),
 ``int8_new`` (Int8Linear now), ``int8_old_no_vnni`` (the old route of CPUs without VNNI, forced), ``kernel_<isa>`` (int8_rows.c alone, each build this CPU runs)
-and ``int_mm_fused`` / ``int_mm_fused_t`` (C quantize, torch._int_mm on the [in, out] weight or
-the [out, in] one transposed, C scaling). Each figure: microseconds per call, the mean of
+``int_mm_fused`` / ``int_mm_fused_t`` (C quantize, torch._int_mm on the [in, out] weight or
+the [out, in] one transposed, C scaling); with ``--group-int8``, ``q8_0`` / ``q8_0_torch``
+(GroupInt8Linear on the same weight in Q8_0's layout, with its few-row kernel and without). Each figure: microseconds per call, the mean of
 ``--reps`` calls, best (``best_us``, what the shared machine disturbed least) and median over rounds.
 
     PYTHONPATH=$PWD .venv/bin/python bench/probe_int8.py --out bench/published
@@ -29,6 +30,7 @@ from engine.cpu_info import cpu_flags  # noqa: E402
 from engine.models.linear import Linear  # noqa: E402
 from engine.quant import int8_kernel  # noqa: E402
 from engine.quant.checkpoint import QuantWeight  # noqa: E402
+from engine.quant.group_int8 import GroupInt8Linear  # noqa: E402
 from engine.quant.linear import Int8Linear, exact_int8_gemm, quantize_rows  # noqa: E402
 
 SHAPES = {"gate_up": (3072, 576), "down": (576, 1536), "qkv": (960, 576)}  # (out, in)
@@ -70,6 +72,13 @@ def variants(out: int, cols: int) -> dict:
             builds[isa] = int8_kernel.build(march)
     for isa, lib in builds.items():
         fns[f"kernel_{isa}"] = lambda x, lib=lib: int8_kernel.linear(lib, x, new.weight, comp, ws, None)
+    if "--group-int8" in sys.argv:  # GGUF Q8_0's layout: the few-row kernel (up to 8 rows) and the torch route
+        g_scale = (w.unflatten(1, (-1, 32)).abs().amax(-1) / 127).half().float()
+        g_values = torch.round(w / g_scale.repeat_interleave(32, 1)).clamp(-127, 127).to(torch.int8)
+        q8 = GroupInt8Linear(QuantWeight(g_values, g_scale, None, 32), None)
+        q8_torch = GroupInt8Linear(QuantWeight(g_values, g_scale, None, 32), None)
+        q8_torch.kernel = None
+        fns |= {"q8_0": q8, "q8_0_torch": q8_torch}
     if exact_int8_gemm():
         lib, w_t = int8_kernel.library(), new.weight.t().contiguous()
         for name, b in (("int_mm_fused", w_t), ("int_mm_fused_t", new.weight.t())):
@@ -86,6 +95,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch (and kernel) threads; 0: torch's default")
+    ap.add_argument("--group-int8", action="store_true", help="also GroupInt8Linear (GGUF Q8_0) with and without its kernel")
     ap.add_argument("--out", default="bench/published")
     args = ap.parse_args()
     if args.threads:
