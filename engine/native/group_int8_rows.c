@@ -124,18 +124,63 @@ static inline float half_to_f32(uint16_t h) { return _cvtsh_ss(h); }
         }                                                                                     \
     } while (0)
 
+#if defined(__AVX512BF16__) && LANES == 16
+/* bfloat16 rows with avx512_bf16: each group's 32 dequantised values rounded to bfloat16 in one
+ * vcvtne2ps2bf16 (nearest even, as w.to(bfloat16)) and multiplied into every row by vdpbf16ps;
+ * two accumulators per row (even and odd groups) keep the chains in flight at one row. The
+ * widened route below (its rounding is integer arithmetic) took about 1.25x as long at 1-8 rows
+ * in one run of bench/probe_int8.py --group-int8. */
+#define BF16_DP 1
+#define TILE_DP(ROWS)                                                                          \
+    do {                                                                                      \
+        VF part[ROWS][LANES];                                                                 \
+        const int64_t groups = in / GROUP;                                                    \
+        for (int o = 0; o < LANES; ++o) {                                                     \
+            const int64_t row = tile * LANES + o;                                             \
+            const int8_t *qr = q + row * in;                                                  \
+            const uint16_t *dr = d + row * groups;                                            \
+            VF acc[ROWS][2];                                                                  \
+            for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = F_ZERO();                  \
+            for (int64_t g = 0; g < groups; g += 2)                                           \
+                for (int h = 0; h < 2 && g + h < groups; ++h) {                               \
+                    VF wv[PARTS];                                                             \
+                    DEQUANT(wv, qr + (g + h) * GROUP, F_SET1(half_to_f32(dr[g + h])));        \
+                    const __m512bh wb = _mm512_cvtne2ps_pbh(wv[1], wv[0]);                    \
+                    for (int r = 0; r < ROWS; ++r)                                            \
+                        acc[r][h] = _mm512_dpbf16_ps(acc[r][h], wb,                           \
+                            (__m512bh)_mm512_loadu_si512((const void *)(xb + r * xs + (g + h) * GROUP))); \
+                }                                                                             \
+            for (int r = 0; r < ROWS; ++r) part[r][o] = F_ADD(acc[r][0], acc[r][1]);          \
+        }                                                                                     \
+        for (int r = 0; r < ROWS; ++r) {                                                      \
+            float tmp[LANES];                                                                 \
+            F_STORE(tmp, HSUM(part[r]));                                                      \
+            for (int l = 0; l < LANES; ++l) yb[r * ys + tile * LANES + l] = f32_to_bf16(tmp[l]); \
+        }                                                                                     \
+    } while (0)
+#else
+#define BF16_DP 0
+#define TILE_DP(ROWS) TILE(ROWS, 1)
+#endif
+
+#define ROWS_TILE(ROWS, BF16_IN)                                                              \
+    do {                                                                                      \
+        if (BF16_IN && BF16_DP) TILE_DP(ROWS);                                                \
+        else TILE(ROWS, BF16_IN);                                                             \
+    } while (0)
+
 #define BODY(BF16_IN)                                                                         \
     _Pragma("omp parallel for schedule(static) num_threads(threads) if (threads > 1)")        \
     for (int64_t tile = 0; tile < out / LANES; ++tile) {                                      \
         switch (rows) {                                                                       \
-        case 1: TILE(1, BF16_IN); break;                                                      \
-        case 2: TILE(2, BF16_IN); break;                                                      \
-        case 3: TILE(3, BF16_IN); break;                                                      \
-        case 4: TILE(4, BF16_IN); break;                                                      \
-        case 5: TILE(5, BF16_IN); break;                                                      \
-        case 6: TILE(6, BF16_IN); break;                                                      \
-        case 7: TILE(7, BF16_IN); break;                                                      \
-        default: TILE(8, BF16_IN); break;                                                     \
+        case 1: ROWS_TILE(1, BF16_IN); break;                                                 \
+        case 2: ROWS_TILE(2, BF16_IN); break;                                                 \
+        case 3: ROWS_TILE(3, BF16_IN); break;                                                 \
+        case 4: ROWS_TILE(4, BF16_IN); break;                                                 \
+        case 5: ROWS_TILE(5, BF16_IN); break;                                                 \
+        case 6: ROWS_TILE(6, BF16_IN); break;                                                 \
+        case 7: ROWS_TILE(7, BF16_IN); break;                                                 \
+        default: ROWS_TILE(8, BF16_IN); break;                                                \
         }                                                                                     \
     }
 

@@ -60,8 +60,13 @@ def isa(lib: ctypes.CDLL) -> str:
 
 
 # With VNNI, up to this many rows a product takes the kernel, beyond torch._int_mm (oneDNN's blocked
-# GEMM): PLACEHOLDER. Without VNNI the kernel takes every row count (the other exact route,
-# oneDNN's AVX2 int8 GEMM, returns wrong sums).
+# GEMM) with the C quantize and scaling: per pass of SmolLM2-135M's three shapes, best of 15 on a
+# shared 2-core Xeon (avx512_vnni, 1 thread), the kernel took 98-383 us at 1-16 rows against
+# 349-471 for _int_mm; even at 32 (700 vs 697); _int_mm won from 64 (1,153 vs 1,991)
+# (bench/published/probe-int8-20261128-120842.json). Without VNNI the kernel takes every row
+# count: the other exact route, oneDNN's AVX2 int8 GEMM, returns wrong sums, and the float route
+# it replaces (_weight_int8pack_mm) took 30x the kernel's AVX2 build at 256 rows (747 vs 24 ms,
+# both on that Xeon, same JSON).
 VNNI_MAX_ROWS = 16
 
 

@@ -69,29 +69,29 @@ class Int8Linear(nn.Module):
         self.kernel_max_rows = int8_kernel.max_rows(self.int_gemm) if self.kernel is not None else 0
         self.register_buffer("weight", qw.values.contiguous())  # [out, in]: the kernel's layout; _int_mm takes .t()
         self.register_buffer("comp", None if self.kernel is None else int8_kernel.compensation(self.weight))
-        self.register_buffer("weight_scale", qw.scale.reshape(1, -1).float().contiguous())
+        self.register_buffer("weight_scale", qw.scale.reshape(-1).float().contiguous())  # [out]
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lib = self.kernel
         if lib is not None and x.dim() == 2 and x.dtype in int8_kernel.SUFFIX and x.stride(1) == 1:
             if 0 < x.shape[0] <= self.kernel_max_rows:
-                return int8_kernel.linear(lib, x, self.weight, self.comp, self.weight_scale[0], self.bias)
+                return int8_kernel.linear(lib, x, self.weight, self.comp, self.weight_scale, self.bias)
             if self.int_gemm:
                 xq, x_scale = int8_kernel.quantize(lib, x)
                 sums = torch._int_mm(xq, self.weight.t())
-                return int8_kernel.scale(lib, sums, x_scale, self.weight_scale[0], self.bias, x.dtype)
+                return int8_kernel.scale(lib, sums, x_scale, self.weight_scale, self.bias, x.dtype)
         xq, x_scale = quantize_rows(x)
         if self.int_gemm:
             out = torch._int_mm(xq, self.weight.t()).float().mul_(x_scale).mul_(self.weight_scale)
         else:
-            out = torch.ops.aten._weight_int8pack_mm(xq.float() * x_scale, self.weight, self.weight_scale[0])
+            out = torch.ops.aten._weight_int8pack_mm(xq.float() * x_scale, self.weight, self.weight_scale)
         if self.bias is not None:
             out.add_(self.bias)
         return out.to(x.dtype)
 
     def dequantized_weight(self) -> torch.Tensor:
-        return self.weight.float() * self.weight_scale.t()
+        return self.weight.float() * self.weight_scale.unsqueeze(1)
 
 
 @functools.cache
