@@ -48,10 +48,11 @@ def checkpoints(int4_kind: str, group: int, fp8: bool, extra: list[str]) -> dict
     """``(folder, dtype, quantization)`` by variant name. ``group``: 576 and 1536 are multiples of
     32 and 64, not of llm-compressor's default 128. ``extra``: ``NAME=FOLDER`` checkpoints made
     elsewhere (``bench/quant_calibrated.py``: GPTQ). The packaged model is a Q4_1 GGUF: its float
-    baselines are dequantised (``quantization="none"``), and ``gguf-q4_1`` runs it as stored."""
+    baselines are dequantised (``quantization="none"``); ``gguf-q4_1`` runs it as stored with bfloat16
+    rows, ``gguf-q4_1-float32`` as ``LLM()`` does by default."""
     src = resolve_model(DEFAULT_MODEL)
     out = {"float32": (src, "float32", "none"), "bfloat16": (src, "bfloat16", "none"),
-           "gguf-q4_1": (src, "bfloat16", "auto")}
+           "gguf-q4_1": (src, "bfloat16", "auto"), "gguf-q4_1-float32": (src, "float32", "auto")}
     kinds = [("int8", "int8-w8a8"), (int4_kind, "int4-w4a16")] + ([("fp8", "fp8")] if fp8 else [])
     for kind, name in kinds:
         folder = cache_dir() / "quantized" / f"{DEFAULT_MODEL}-{kind}-g{group}"
