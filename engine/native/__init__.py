@@ -131,7 +131,7 @@ FEW_ROWS_SOURCE = Path(__file__).with_name("few_rows.c")
 def few_rows() -> ctypes.CDLL | None:
     """``few_rows.c``: products of 1-8 rows with a weight read in place (AVX-512; float32 with AVX2 too)."""
     # contraction into FMAs left on: the sums need not match torch's rounding
-    lib = load("few_rows", FEW_ROWS_SOURCE, (AVX512_MATH_HEADER, FAST_EXP_HEADER),
+    lib = load("few_rows", FEW_ROWS_SOURCE, (AVX512_MATH_HEADER, AVX2_MATH_HEADER, FAST_EXP_HEADER),
                [f for f in FLAGS if f != "-ffp-contract=off"])
     if lib is None:
         return None

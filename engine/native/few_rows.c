@@ -29,6 +29,7 @@ typedef __m512 vacc;
 #define HSUM(parts) hsum16(parts)
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+#include "avx2_math.h"
 
 #define OUT_TILE 8
 typedef __m256 vacc;
@@ -36,13 +37,6 @@ typedef __m256 vacc;
 #define ACC_ADD(a, b) _mm256_add_ps((a), (b))
 #define HSUM(parts) hsum8(parts)
 
-/* out[p] = the sum of the 8 lanes of acc[p]: pairwise horizontal adds within each 128-bit half,
- * then the two halves added (hsum16's scheme on 8 lanes). */
-static inline __m256 hsum8(const __m256 acc[8]) {
-    const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-    const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
-}
 #endif
 
 #ifdef OUT_TILE

@@ -48,6 +48,7 @@ typedef __m512 VF;
         _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(v), 16), _mm512_set1_epi32(1)))),          \
     _mm512_set1_epi32((int)0xffff0000)))
 #elif defined(__AVX2__) && defined(__FMA__)
+#include "avx2_math.h"
 #define LANES 8
 typedef __m256 VF;
 #define F_ZERO() _mm256_setzero_ps()
@@ -56,11 +57,6 @@ typedef __m256 VF;
 #define F_SET1(s) _mm256_set1_ps(s)
 #define F_STORE(p, v) _mm256_storeu_ps((p), (v))
 #define PARTS 4
-static inline __m256 hsum8(const __m256 acc[8]) {
-    const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-    const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
-}
 #define HSUM(parts) hsum8(parts)
 #define DEQUANT(wv, p, d)                                                                              \
     do {                                                                                               \

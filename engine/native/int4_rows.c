@@ -55,6 +55,7 @@ static inline block_t load_block(const uint8_t *p, const float *sz) {
 /* The weights of columns 16j..16j+15 of the block (permutexvar reads the low 4 bits of each lane). */
 #define WEIGHTS(b, j) _mm512_permutexvar_ps((j) ? _mm512_srli_epi32((b).v, 4 * (j)) : (b).v, (b).t[(j) >> 1])
 #else
+#include "avx2_math.h"
 #define LANES 8
 #define OUT_TILE 8
 typedef __m256 vf;
@@ -65,13 +66,6 @@ typedef __m256 vf;
 #define STORE(p, v) _mm256_storeu_ps((p), (v))
 #define HSUM(parts) hsum8(parts)
 typedef struct { __m256i v; __m256 s[2], z[2]; } block_t;
-
-/* out[p] = the sum of the 8 lanes of acc[p] (few_rows.c's scheme). */
-static inline __m256 hsum8(const __m256 acc[8]) {
-    const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-    const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
-}
 
 static inline block_t load_block(const uint8_t *p, const float *sz) {
     block_t b;

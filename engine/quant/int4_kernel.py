@@ -23,7 +23,7 @@ from engine import native
 from engine.quant.checkpoint import QuantWeight
 
 SOURCE = Path(native.__file__).with_name("int4_rows.c")
-INCLUDES = (native.BF16_HEADER, native.AVX512_MATH_HEADER, native.FAST_EXP_HEADER)
+INCLUDES = (native.BF16_HEADER, native.AVX512_MATH_HEADER, native.AVX2_MATH_HEADER, native.FAST_EXP_HEADER)
 SUB = 32  # columns per stored (scale, offset) pair: every group size the kernel takes is a multiple
 
 
