@@ -3,7 +3,8 @@ here from the packaged float weights by tests/quant_checkpoints.py) against floa
 in one run, variants alternating round by round (order reversed every round).
 
 Measured: the uniform batch (``--prompts`` random prompts of ``--prompt-len`` tokens, ``--out-len``
-output tokens each, EOS ignored), the few-sequence decode case (``--decode-seqs`` sequences), resident
+output tokens each, EOS ignored), the summarisation workload (``--summ`` requests of
+``bench/workload.py``, long-tailed outputs; 0 skips it), the few-sequence decode case (``--decode-seqs`` sequences), resident
 weight bytes, the same-run matmul ceiling (float32, bfloat16 and int8 products of the MLP's shape)
 and perplexity on a held-out text (``--ppl-file``, its first ``--ppl-tokens`` tokens in 512-token
 windows) through the engine's prompt logprobs.
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+import workload as workload_mod  # noqa: E402
 from quant_checkpoints import weight_bytes, write_quantized  # noqa: E402
 from sysinfo import cpu_info  # noqa: E402
 
@@ -133,6 +135,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=338)
     ap.add_argument("--out-len", type=int, default=96)
+    ap.add_argument("--summ", type=int, default=64, help="summarisation requests (bench/workload.py); 0 skips")
     ap.add_argument("--decode-seqs", type=int, default=2)
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
@@ -155,7 +158,7 @@ def main() -> None:
         llm = llms[name] = LLM(str(folder), dtype=dtype, quantization=quant, num_kv_blocks=blocks)
         result["variants"][name] = {"folder": str(folder), "dtype": dtype, "runs": llm.engine.quantization,
                                     "weight_bytes": weight_bytes(llm), "linear_bytes": linear_bytes(llm),
-                                    "uniform_s": [], "decode_s": []}
+                                    "uniform_s": [], "decode_s": [], "summ_s": []}
         if (folder / "calibration.json").is_file():  # how bench/quant_calibrated.py made it
             result["variants"][name]["calibration"] = json.loads((folder / "calibration.json").read_text())
         llm.generate(few, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))  # warm
@@ -165,6 +168,10 @@ def main() -> None:
         v["weight_bytes_vs_float32"] = round(v["weight_bytes"] / base["float32"]["weight_bytes"], 3)
         v["linear_bytes_vs_float32"] = round(v["linear_bytes"] / base["float32"]["linear_bytes"], 3)
     tokenizer = llms["float32"].engine.tokenizer
+    summ = workload_mod.build(tokenizer, args.summ) if args.summ else None
+    summ_params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in summ.max_tokens] if summ else []
+    if summ:
+        result["summ"] = {"requests": args.summ, "prompt_tokens": summ.prompt_tokens, "output_tokens": summ.output_tokens}
     ids = tokenizer(Path(args.ppl_file).read_text())["input_ids"][: args.ppl_tokens]
     result["ppl_text"] = {"file": args.ppl_file, "tokens": len(ids)}
     scores = {name: scored(llm, ids) for name, llm in llms.items()}  # quality first: it survives a run cut short
@@ -190,7 +197,10 @@ def main() -> None:
             v["uniform_s"].append(round(secs, 2))
             secs, _ = timed(llms[name], few, SamplingParams(max_tokens=args.decode_tokens, temperature=0, ignore_eos=True))
             v["decode_s"].append(round(secs, 3))
-            print(name, "uniform", v["uniform_s"][-1], "decode", v["decode_s"][-1], flush=True)
+            if summ:
+                secs, _ = timed(llms[name], summ.prompts, summ_params)
+                v["summ_s"].append(round(secs, 2))
+            print(name, "uniform", v["uniform_s"][-1], "decode", v["decode_s"][-1], "summ", v["summ_s"][-1:], flush=True)
         for v in base.values():
             v["uniform_median_s"] = statistics.median(v["uniform_s"])
         for v in base.values():
@@ -198,6 +208,8 @@ def main() -> None:
             v["decode_out_tok_s"] = round(args.decode_seqs * args.decode_tokens / statistics.median(v["decode_s"]), 1)
             v["speed_vs_bfloat16"] = round(base["bfloat16"]["uniform_median_s"] / v["uniform_median_s"], 3)
             v["decode_vs_bfloat16"] = round(statistics.median(base["bfloat16"]["decode_s"]) / statistics.median(v["decode_s"]), 3)
+            if summ:
+                v["summ_vs_bfloat16"] = round(statistics.median(base["bfloat16"]["summ_s"]) / statistics.median(v["summ_s"]), 3)
             v["uniform_gflops"] = round(flops / v["uniform_median_s"] / 1e9, 1)
         result["rounds_done"] = r + 1
         out.write_text(json.dumps(result, indent=1))  # after every round: a cut run keeps what it has
