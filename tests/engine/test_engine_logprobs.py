@@ -103,5 +103,9 @@ def test_prompt_logprobs_start_uses_prefix_cache(default_model_dir, prompts):
             entry = out.prompt_logprobs[p]
             assert list(entry) == [full[p]]
             assert abs(entry[full[p]].logprob - ref[p - 1, full[p]].item()) < TOL
+    # Relative: the two runs multiply different row counts (a product's summation order follows its
+    # rows: the int4 kernel below 65 float32 rows, MKL on the written weight above), so values near
+    # -18 differ in their last float32 bits (1.1e-5 seen on a Zen 4); a cache bug moves them by far more.
     for p in range(start, len(full)):
-        assert abs(hit.prompt_logprobs[p][full[p]].logprob - uncached.prompt_logprobs[p][full[p]].logprob) < 1e-5
+        a, b = hit.prompt_logprobs[p][full[p]].logprob, uncached.prompt_logprobs[p][full[p]].logprob
+        assert abs(a - b) < 1e-5 * max(1.0, abs(b))
