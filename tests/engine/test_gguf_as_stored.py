@@ -114,21 +114,31 @@ def test_group_int8_product_is_the_dequantised_product(gguf_tensors, qtype):
 
 # The dequantised model and the int4 one are two bfloat16 roundings of the same float32 weight
 # (one rounds each weight, the other each group's scale and zero): greedy tokens agree on these
-# prompts; a prompt whose top-2 logits sit within bfloat16 noise may take either token (the
-# near-tie contract of test_engine_bf16_matches_hf.py, which runs the as-stored path against HF).
+# prompts except where the dequantised model's top-2 logprobs sit within bfloat16 noise, where
+# either token may come (the near-tie contract of test_engine_bf16_matches_hf.py, which runs the
+# as-stored path against HF). On a 2-core Zen 4 the third prompt turns at token 7, a near-tie.
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small robot"]
+NEAR_TIE = 0.5  # test_engine_bf16_matches_hf.py's
 
 
 def test_packaged_smollm2_runs_q4_1_as_int4():
-    params = SamplingParams(max_tokens=16, temperature=0.0)
+    params = SamplingParams(max_tokens=16, temperature=0.0, logprobs=2)
     runs = {}
     for quantization in ("auto", "none"):
         llm = LLM(DEFAULT_MODEL, dtype="bfloat16", quantization=quantization, num_kv_blocks=32)
         outs = llm.generate(PROMPTS, params)
-        runs[quantization] = (llm.engine.quantization, [o.outputs[0].token_ids for o in outs], weight_bytes(llm))
+        runs[quantization] = (llm.engine.quantization, outs, weight_bytes(llm))
     assert runs["auto"][0] == "GGUF as stored: Q4_1 as int4 x120"  # 30 layers x (qkv, o, gate_up, down)
     assert runs["none"][0] == "GGUF dequantised to torch.bfloat16"
-    assert runs["auto"][1] == runs["none"][1]
+    identical = 0
+    for i, (got, ref) in enumerate(zip(runs["auto"][1], runs["none"][1], strict=True)):
+        first = next((j for j, (a, b) in enumerate(zip(got.token_ids, ref.token_ids, strict=True)) if a != b), None)
+        if first is None:
+            identical += 1
+            continue
+        top2 = sorted((lp.logprob for lp in ref.logprobs[first].values()), reverse=True)[:2]
+        assert top2[0] - top2[1] < NEAR_TIE, (i, first, top2)
+    assert identical >= 2, f"only {identical} of {len(PROMPTS)} prompts agree token for token"
     # the tied 49152 x 576 embedding stays bfloat16 (57 MB); the linears go from 2 to 0.625 bytes a weight
     assert runs["auto"][2] < 0.6 * runs["none"][2], (runs["auto"][2], runs["none"][2])
 
