@@ -20,15 +20,18 @@ from pipeline.plan import JobPlan
 from service.live_engine import LiveEngine, engine_settings
 
 LONG = SamplingParams(max_tokens=300, temperature=0.0, ignore_eos=True)
+# Each job row's tokens: enough steps that the job is still running while the tests' live calls
+# come and go (at 40, on a 2-core Zen 4, the job finished before a live call was answered).
+JOB_TOKENS = 160
 
 
 def _plan(tmp_path: Path, model_dir: Path, name: str) -> JobPlan:
-    """4 shards of 8 rows, 40 tokens each: with 8 sequences a step, some 160 steps."""
+    """4 shards of 8 rows, JOB_TOKENS tokens each: with 8 sequences a step, some 640 steps."""
     inp = tmp_path / "in"
     if not inp.exists():
         write_uniform_shards(local_put(inp), count=4, rows=8, words=6)
     return make_plan(str(inp), str(tmp_path / name), model_dir, job_id=name,
-                     sampling={"max_tokens": 40, "temperature": 0.0, "ignore_eos": True})
+                     sampling={"max_tokens": JOB_TOKENS, "temperature": 0.0, "ignore_eos": True})
 
 
 def _rows(plan: JobPlan) -> list[dict[str, Any]]:
@@ -78,7 +81,7 @@ def test_a_live_call_is_answered_while_the_job_runs_and_the_job_is_token_equal(t
 
     job = _Job(share, _plan(tmp_path, tiny_model_dir, "beside-live"))
     cancelled = live.submit([[20, 21, 22]], [LONG])
-    wait_until(lambda: live.engine.ids, 60, "the live requests in the engine")
+    wait_until(lambda: live.engine.ids, 60, "the live requests in the engine", interval=0.005)
     answer = live.submit([[10, 11, 12]], [short]).result(timeout=120)
     assert job.view.ids and job.thread.is_alive()  # answered before the job's last rows finished
     assert [o.token_ids for o in answer] == [o.token_ids for o in alone]
@@ -88,7 +91,7 @@ def test_a_live_call_is_answered_while_the_job_runs_and_the_job_is_token_equal(t
     assert live.aborted == 1
     assert _rows(_plan(tmp_path, tiny_model_dir, "beside-live")) == _rows(_plan(tmp_path, tiny_model_dir, "solo"))
     # the job's counters are its own: the live calls' tokens are not in them
-    assert manifest["engine_stats"]["decode_tokens"] == solo["engine_stats"]["decode_tokens"] == 32 * 40
+    assert manifest["engine_stats"]["decode_tokens"] == solo["engine_stats"]["decode_tokens"] == 32 * JOB_TOKENS
     assert share.builds == 1
 
 
@@ -96,7 +99,7 @@ def test_cancelling_the_job_leaves_the_live_requests_running(tmp_path, tiny_mode
     share, live = shared
     job = _Job(share, _plan(tmp_path, tiny_model_dir, "cancelled"))
     call = live.submit([[10, 11, 12], [13, 14]], [LONG] * 2)
-    wait_until(lambda: live.engine.ids, 60, "the live requests in the engine")
+    wait_until(lambda: live.engine.ids, 60, "the live requests in the engine", interval=0.005)
     job.stop.set()
     assert job.result()["status"] == "cancelled"
     assert not job.view.ids
@@ -108,7 +111,7 @@ def test_a_failed_step_rebuilds_the_engine_and_tells_both_sides(tmp_path, tiny_m
     share, live = shared
     job = _Job(share, _plan(tmp_path, tiny_model_dir, "fault"))
     call = live.submit([[10, 11, 12]], [LONG])
-    wait_until(lambda: live.engine.ids, 60, "the live request in the engine")
+    wait_until(lambda: live.engine.ids, 60, "the live request in the engine", interval=0.005)
     engine = share.engine
     real_step = engine.step
 
