@@ -114,6 +114,7 @@ static inline VI hsum(const VI acc[8]) {
 #endif
 
 #ifdef LANES
+#include "bf16_store.h"
 #include "int8_rows_quant.h"
 
 #define FEW_ROWS 8        /* up to this many rows, one block: each weight vector serves them all */
@@ -143,10 +144,7 @@ static inline void epilogue(const Epi *e, int64_t r, int64_t o0, VI sums) {
         F_STORE((float *)e->y + r * e->ys + o0, f);
         return;
     }
-    float tmp[LANES];
-    F_STORE(tmp, f);
-    uint16_t *dst = (uint16_t *)e->y + r * e->ys + o0;
-    for (int l = 0; l < LANES; ++l) dst[l] = f32_to_bf16(tmp[l]);
+    store_bf16((uint16_t *)e->y + r * e->ys + o0, f);
 }
 
 /* One tile of LANES outputs (from o0) for ROWS rows (from r0) of the prepared x: OB weight rows

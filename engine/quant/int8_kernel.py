@@ -22,7 +22,7 @@ import torch
 from engine import native
 
 SOURCE = Path(native.__file__).with_name("int8_rows.c")
-INCLUDES = (SOURCE.with_name("int8_rows_quant.h"), native.BF16_HEADER)
+INCLUDES = (SOURCE.with_name("int8_rows_quant.h"), SOURCE.with_name("bf16_store.h"), native.BF16_HEADER)
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 IN_MULTIPLE, OUT_MULTIPLE = 64, 16  # the shapes the kernel takes (int8_rows.c's bad_shape)
 
@@ -60,14 +60,15 @@ def isa(lib: ctypes.CDLL) -> str:
 
 
 # With VNNI, up to this many rows a product takes the kernel, beyond torch._int_mm (oneDNN's blocked
-# GEMM) with the C quantize and scaling: per pass of SmolLM2-135M's three shapes, best of 15 on a
-# shared 2-core Xeon (avx512_vnni, 1 thread), the kernel took 98-383 us at 1-16 rows against
-# 349-471 for _int_mm; even at 32 (700 vs 697); _int_mm won from 64 (1,153 vs 1,991)
-# (bench/published/probe-int8-20261128-120842.json). Without VNNI the kernel takes every row
-# count: the other exact route, oneDNN's AVX2 int8 GEMM, returns wrong sums, and the float route
-# it replaces (_weight_int8pack_mm) took 30x the kernel's AVX2 build at 256 rows (747 vs 24 ms,
-# both on that Xeon, same JSON).
-VNNI_MAX_ROWS = 16
+# GEMM) with the C quantize and scaling. Per pass of SmolLM2-135M's four shapes on a quiet 2-core
+# AMD EPYC Zen 4 (avx512_vnni, 2 threads; bench/probe_int8_route.py,
+# bench/published/probe-int8-route-20261208-014317.json) the kernel took 47-260 us at 1-32 rows
+# against 69-275 for _int_mm (32 rows: 260 vs 275); _int_mm won from 64 (432 vs 493). An earlier
+# probe on a loaded Xeon, before the vector bfloat16 store, put the crossing at 16-32. Without
+# VNNI the kernel takes every row count: the other exact route, oneDNN's AVX2 int8 GEMM, returns
+# wrong sums, and the float route it replaces (_weight_int8pack_mm) took 30x the kernel's AVX2
+# build at 256 rows (747 vs 24 ms, on that Xeon: bench/published/probe-int8-20261128-120842.json).
+VNNI_MAX_ROWS = 32
 
 
 def max_rows(int_gemm: bool) -> int:

@@ -89,6 +89,22 @@ def test_product_is_the_exact_sums_scaled_as_torch_scales_them(lib, dtype, bias,
     assert torch.equal(int8_kernel.scale(lib, sums, x_scale, w_scale, b, dtype), ref)
 
 
+def test_bfloat16_outputs_round_as_torch_at_ties_and_special_values(lib) -> None:
+    """The vector bfloat16 store (bf16_store.h): ties to even, values that round up into the next
+    power of two or to infinity, signed zeros, infinities and a subnormal bit for bit as torch's
+    cast; NaN stays NaN (torch's own ops here give another NaN payload than the C product)."""
+    one_ulp = 2.0 ** -8  # half a bfloat16 step at 1: 1 + one_ulp is a tie
+    values = [1 + one_ulp, 1 + 3 * one_ulp, -(1 + one_ulp), 2 - one_ulp, 1 + one_ulp / 2, 3.3895e38,
+              -3.3895e38, 0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-40, -7.0, 65504.0, 1.0]
+    w_scale = torch.tensor(values, dtype=torch.float32)  # sums 1, x_scale 1: the output is w_scale itself
+    sums = torch.ones(3, 16, dtype=torch.int32)
+    got = int8_kernel.scale(lib, sums, torch.ones(3, 1), w_scale, None, torch.bfloat16)
+    ref = (sums.float() * torch.ones(3, 1) * w_scale).to(torch.bfloat16)
+    nan = torch.isnan(w_scale).expand(3, 16)
+    assert torch.isnan(got[nan]).all()
+    assert torch.equal(got.view(torch.int16)[~nan], ref.view(torch.int16)[~nan])
+
+
 def test_the_kernel_refuses_shapes_it_cannot_do() -> None:
     lib = int8_kernel.library()
     if lib is None:
