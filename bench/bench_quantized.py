@@ -5,7 +5,8 @@ in one run, variants alternating round by round (order reversed every round).
 Measured: the uniform batch (``--prompts`` random prompts of ``--prompt-len`` tokens, ``--out-len``
 output tokens each, EOS ignored), the summarisation workload (``--summ`` requests of
 ``bench/workload.py``, long-tailed outputs; 0 skips it), the few-sequence decode case (``--decode-seqs`` sequences), resident
-weight bytes, the same-run matmul ceiling (float32, bfloat16 and int8 products of the MLP's shape)
+weight bytes, the same-run matmul ceiling (float32, bfloat16 and int8 products of the MLP's shape,
+torch's plain ones and the engine's own)
 and perplexity on a held-out text (``--ppl-file``, its first ``--ppl-tokens`` tokens in 512-token
 windows) through the engine's prompt logprobs.
 
@@ -36,7 +37,9 @@ from sysinfo import cpu_info  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 from engine.cpu_info import cpu_flags  # noqa: E402
 from engine.model_registry import DEFAULT_MODEL, cache_dir, resolve_model  # noqa: E402
-from engine.quant.linear import exact_int8_gemm  # noqa: E402
+from engine.models.linear import Linear  # noqa: E402
+from engine.quant.checkpoint import QuantWeight  # noqa: E402
+from engine.quant.linear import Int8Linear, exact_int8_gemm  # noqa: E402
 
 SIMD = ("avx", "vnni", "amx", "fma", "f16c")
 
@@ -78,6 +81,11 @@ def linear_bytes(llm: LLM) -> int:
 
 
 def timed(llm: LLM, prompts, params) -> tuple[float, int]:
+    """Seconds and output tokens of one ``generate``, every prompt token computed: the prefix cache
+    is emptied first, as bench_engine.py and the vLLM peers do. Before 2026-12-08 it was not, so
+    every round after the first (the warm round included) found the uniform batch's prompts
+    cached and timed little more than its decode (bench_llamacpp.py's tokenmill side too)."""
+    llm.engine.block_manager.reset_prefix_cache()
     t = time.perf_counter()
     outs = llm.generate(prompts, params)
     return time.perf_counter() - t, sum(len(o.token_ids) for o in outs)
@@ -112,22 +120,39 @@ def quality(logprobs: list[float], top1: list[int], ref_logprobs: list[float], r
 
 
 def matmul_ceiling(rows: int = 256) -> dict[str, float]:
-    """GFLOP/s (GOP/s for int8) of one [rows x 576] x [576 x 1536] product, median of 9."""
+    """GFLOP/s (GOP/s for int8) of one [rows x 576] x [576 x 1536] product, median of 9: torch's
+    plain products (``torch.mm``, ``torch._int_mm``), and the engine's own (``*_engine``: the
+    oneDNN-packed ``Linear`` and ``Int8Linear`` with its quantize and scaling), which is what a
+    variant's products run at. On a Zen 4 the plain bfloat16 ``torch.mm`` ran at 414 and the packed
+    product at about 930, so the plain figure understates what bfloat16 reaches."""
     k, n = 576, 1536
-    cases = {"float32": (torch.randn(rows, k), torch.randn(k, n), torch.mm),
-             "bfloat16": (torch.randn(rows, k).bfloat16(), torch.randn(k, n).bfloat16(), torch.mm),
-             "int8": (torch.randint(-127, 127, (rows, k), dtype=torch.int8),
-                      torch.randint(-127, 127, (k, n), dtype=torch.int8), torch._int_mm)}
+    packed = Linear(k, n, bias=False).to(torch.bfloat16)
+    packed.pack()
+    qw = QuantWeight(torch.randint(-127, 128, (n, k), dtype=torch.int8), torch.rand(n, 1) * 0.01, None, k)
+    int8 = Int8Linear(qw, None)
+    xb = torch.randn(rows, k).bfloat16()
+    cases = {"float32": (torch.mm, torch.randn(rows, k), torch.randn(k, n)),
+             "bfloat16": (torch.mm, xb, torch.randn(k, n).bfloat16()),
+             "int8": (torch._int_mm, torch.randint(-127, 127, (rows, k), dtype=torch.int8),
+                      torch.randint(-127, 127, (k, n), dtype=torch.int8)),
+             "bfloat16_engine": (packed, xb), "int8_engine": (int8, xb)}
     out = {}
-    for name, (a, b, fn) in cases.items():
-        fn(a, b)
-        times = []
-        for _ in range(9):
-            t = time.perf_counter()
-            fn(a, b)
-            times.append(time.perf_counter() - t)
-        out[name] = round(2 * rows * k * n / statistics.median(times) / 1e9, 1)
+    with torch.inference_mode():
+        for name, (fn, *args) in cases.items():
+            fn(*args)
+            times = []
+            for _ in range(9):
+                t = time.perf_counter()
+                fn(*args)
+                times.append(time.perf_counter() - t)
+            out[name] = round(2 * rows * k * n / statistics.median(times) / 1e9, 1)
     return out
+
+
+def uniform_gflop(prompts: int, prompt_len: int, out_len: int) -> float:
+    """The uniform batch's work in GFLOP: the layers' linears for every token (0.212 GFLOP each)
+    and the LM head only where a token is sampled (0.057 GFLOP), as the engine runs it."""
+    return (prompts * (prompt_len + out_len) * 0.212 + prompts * out_len * 0.057)
 
 
 def main() -> None:
@@ -185,7 +210,7 @@ def main() -> None:
                                                      "top1_agree_vs_float32", "weight_bytes_vs_float32")}
                       for k, v in base.items()}, indent=1), flush=True)
     names = list(llms)
-    flops = args.prompts * (args.prompt_len + args.out_len) * 0.27e9
+    flops = uniform_gflop(args.prompts, args.prompt_len, args.out_len) * 1e9
     result["uniform_gflop"] = round(flops / 1e9, 1)
     for _ in range(args.warm_rounds):  # a cold first round ran 2-4x slower than the next ones here
         for name in names:
