@@ -212,6 +212,18 @@ class Linear(nn.Linear):
         return out + self.bias if self.bias is not None else out
 
 
+def weight_major_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` of an unpacked weight (``Int4Linear``'s written for the call), contiguous:
+    ``weight @ x.T`` up to ``WEIGHT_MAJOR_MAX_ROWS`` rows, ``F.linear`` beyond. bfloat16, 2-core
+    Zen 4, 64 rows: 108 vs 180 us (960 x 576), 291 vs 397 (3072 x 576), 150 vs 223 (576 x 1536);
+    level from 256 rows up."""
+    rows = x.shape[0]
+    if rows > WEIGHT_MAJOR_MAX_ROWS:
+        return F.linear(x, weight)
+    cols = x if rows > 1 else x.repeat(2, 1)  # one column takes the slow GEMV path
+    return torch.mm(weight, cols.t()).t()[:rows].contiguous()
+
+
 def pack_linears(model: nn.Module) -> int:
     """Prepack every ``Linear`` of a CPU model; returns how many were packed."""
     return sum(m.pack() for m in model.modules() if isinstance(m, Linear))

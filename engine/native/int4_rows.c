@@ -84,6 +84,7 @@ static inline block_t load_block(const uint8_t *p, const float *sz) {
 #endif
 
 #define STEPS (64 / LANES) /* weight vectors per 64-column block */
+#include "bf16_store.h"
 
 int int4_lanes(void) { return LANES; }
 
@@ -105,18 +106,22 @@ int int4_pack(const uint8_t *u, int64_t out, int64_t in, uint8_t *packed) {
     return 0;
 }
 
-/* w [out, in] float32: the weight every product here multiplies by (for products of many rows). */
-int int4_dequant(const uint8_t *packed, const float *sz, float *w, int64_t out, int64_t in, int64_t threads) {
-    if (in % 64) return 1;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t o = 0; o < out; ++o)
-        for (int64_t b = 0; b < in / 64; ++b) {
-            const block_t blk = load_block(packed + o * (in / 2) + b * 32, sz + o * (in / 16) + b * 4);
-            float *dst = w + o * in + b * 64;
-            for (int j = 0; j < STEPS; ++j) STORE(dst + j * LANES, WEIGHTS(blk, j));
-        }
-    return 0;
-}
+/* w [out, in]: the weight every product here multiplies by (for products of many rows), float32,
+ * or (DEQUANT_BF16) rounded to bfloat16 as torch rounds it, written once instead of float32 then cast. */
+#define DEQUANT(NAME, T, PUT)                                                                         \
+    int NAME(const uint8_t *packed, const float *sz, T *w, int64_t out, int64_t in, int64_t threads) { \
+        if (in % 64) return 1;                                                                        \
+        _Pragma("omp parallel for schedule(static) num_threads(threads) if (threads > 1)")            \
+        for (int64_t o = 0; o < out; ++o)                                                             \
+            for (int64_t b = 0; b < in / 64; ++b) {                                                   \
+                const block_t blk = load_block(packed + o * (in / 2) + b * 32, sz + o * (in / 16) + b * 4); \
+                T *dst = w + o * in + b * 64;                                                         \
+                for (int j = 0; j < STEPS; ++j) PUT(dst + j * LANES, WEIGHTS(blk, j));                \
+            }                                                                                         \
+        return 0;                                                                                     \
+    }
+DEQUANT(int4_dequant, float, STORE)
+DEQUANT(int4_dequant_bf16, uint16_t, store_bf16)
 
 /* Rows r0 .. r0 + ROWS - 1 of one tile of OUT_TILE outputs, NO outputs at a time (each x vector
  * loaded then feeds NO weight vectors: at 8 rows one output per pass ran at about a third of the

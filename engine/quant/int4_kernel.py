@@ -23,7 +23,8 @@ from engine import native
 from engine.quant.checkpoint import QuantWeight
 
 SOURCE = Path(native.__file__).with_name("int4_rows.c")
-INCLUDES = (native.BF16_HEADER, native.AVX512_MATH_HEADER, native.AVX2_MATH_HEADER, native.FAST_EXP_HEADER)
+INCLUDES = (native.BF16_HEADER, SOURCE.with_name("bf16_store.h"), native.AVX512_MATH_HEADER, native.AVX2_MATH_HEADER,
+            native.FAST_EXP_HEADER)
 SUB = 32  # columns per stored (scale, offset) pair: every group size the kernel takes is a multiple
 
 
@@ -34,8 +35,8 @@ class Int4Kernel:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.int4_lanes.restype = ctypes.c_int
         lib.int4_pack.argtypes = [p, i64, i64, p]
-        lib.int4_dequant.argtypes = [p, p, p, i64, i64, i64]
-        for name in ("int4_rows_f32", "int4_rows_bf16", "int4_pack", "int4_dequant"):
+        lib.int4_dequant.argtypes = lib.int4_dequant_bf16.argtypes = [p, p, p, i64, i64, i64]
+        for name in ("int4_rows_f32", "int4_rows_bf16", "int4_pack", "int4_dequant", "int4_dequant_bf16"):
             getattr(lib, name).restype = ctypes.c_int
         for name in ("int4_rows_f32", "int4_rows_bf16"):
             getattr(lib, name).argtypes = [p, i64, p, p, p, i64, i64, i64, i64, i64]
@@ -69,11 +70,13 @@ class Int4Kernel:
             raise ValueError(f"int4 kernel: unsupported product of {rows} rows by {out}x{cols}")
         return y
 
-    def dequantize(self, packed: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
-        """The float32 weight ``product`` multiplies by, ``[out, in]``."""
+    def dequantize(self, packed: torch.Tensor, sz: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float32 weight ``product`` multiplies by, ``[out, in]``; with ``dtype`` bfloat16 that
+        weight rounded to bfloat16 (``.to(torch.bfloat16)`` of it, bit for bit) in one pass."""
         out, cols = packed.shape[0], packed.shape[1] * 2
-        w = torch.empty(out, cols)
-        if self.lib.int4_dequant(packed.data_ptr(), sz.data_ptr(), w.data_ptr(), out, cols, native.threads()):
+        w = torch.empty(out, cols, dtype=dtype)
+        fn = self.lib.int4_dequant_bf16 if dtype == torch.bfloat16 else self.lib.int4_dequant
+        if fn(packed.data_ptr(), sz.data_ptr(), w.data_ptr(), out, cols, native.threads()):
             raise ValueError(f"int4 kernel: {cols} columns are not whole 64-column blocks")
         return w
 

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from engine.cpu_info import cpu_flags
+from engine.models.linear import weight_major_product
 from engine.quant import int8_kernel
 from engine.quant.checkpoint import QuantWeight
 from engine.quant.int4_kernel import int4_kernel
@@ -163,7 +164,7 @@ class Int4Linear(nn.Module):
             xk = x if native and x.stride(-1) == 1 else x.float()  # the bias is added before rounding
             return self.kernel.product(xk, self.packed, self.scales_and_zeros, self.out_features)
         if sixteen and x.dtype == torch.bfloat16 and fast_bf16_products():  # the dequantised model's product
-            return torch.nn.functional.linear(x, self.dequantized_weight().to(torch.bfloat16))
+            return weight_major_product(x, self.kernel.dequantize(self.packed, self.scales_and_zeros, torch.bfloat16))
         return torch.nn.functional.linear(x.float(), self.dequantized_weight())
 
     def _torch_product(self, x: torch.Tensor) -> torch.Tensor:

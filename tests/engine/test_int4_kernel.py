@@ -55,6 +55,15 @@ def test_weight_is_the_dequantised_one(kernel, kind):
         assert torch.equal(got, qw.dequantize())
 
 
+@pytest.mark.parametrize("kind", ["q4_1", "q4_k", "sym", "asym"])
+def test_bfloat16_weight_is_the_float32_one_rounded_as_torch_rounds_it(kernel, kind):
+    """What Int4Linear multiplies many bfloat16 rows by: written in one pass, bit for bit the cast."""
+    packed, sz = kernel.pack(weights(kind))
+    got = kernel.dequantize(packed, sz, torch.bfloat16)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got.view(torch.int16), kernel.dequantize(packed, sz).to(torch.bfloat16).view(torch.int16))
+
+
 def test_group_of_128_takes_one_scale_per_four_blocks_of_32(kernel):
     qw = weights("sym", group=128, cols=256)
     assert torch.equal(kernel.dequantize(*kernel.pack(qw)), qw.dequantize())
@@ -111,7 +120,7 @@ def test_int4_linear_runs_the_kernel_and_its_weight_beyond(monkeypatch):
     monkeypatch.setattr(layer.kernel, "product", lambda x, *a: calls.append(x.shape[0]) or product(x, *a))
     w = qw.dequantize().double()
     for dtype, limit in ((torch.float32, Int4Linear.C_MAX_ROWS), (torch.bfloat16, Int4Linear.C_MAX_ROWS_16BIT)):
-        for rows in (1, limit, limit + 1):
+        for rows in (1, limit, limit + 1, 300):  # 300: past WEIGHT_MAJOR_MAX_ROWS
             x = torch.randn(rows, COLS).to(dtype)
             got = layer(x)
             assert got.dtype == dtype
