@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from engine.cpu_info import cpu_flags
-from engine.models.linear import weight_major_product
+from engine.models.linear import float32_product, weight_major_product
 from engine.quant import int8_kernel
 from engine.quant.checkpoint import QuantWeight
 from engine.quant.int4_kernel import int4_kernel
@@ -110,7 +110,7 @@ class Int4Linear(nn.Module):
     the weight is ``dequantized_weight()`` exactly, built in float32 registers: up to
     ``C_MAX_ROWS`` rows (``C_MAX_ROWS_16BIT`` for 16-bit rows) the kernel multiplies it into float32
     sums (a bfloat16 result rounded once); beyond, the C kernel writes it out in float32 for the call
-    and MKL multiplies float32 rows, or, where the engine's bfloat16 products are the fast ones,
+    and MKL (oneDNN on AMD) multiplies float32 rows, or, where the engine's bfloat16 products are the fast ones,
     bfloat16 rows by that weight rounded to bfloat16 (the dequantised bfloat16 model's product).
     So a float32 model keeps its activations, and a GGUF model's weights are its dequantised ones.
 
@@ -165,7 +165,7 @@ class Int4Linear(nn.Module):
             return self.kernel.product(xk, self.packed, self.scales_and_zeros, self.out_features)
         if sixteen and x.dtype == torch.bfloat16 and fast_bf16_products():  # the dequantised model's product
             return weight_major_product(x, self.kernel.dequantize(self.packed, self.scales_and_zeros, torch.bfloat16))
-        return torch.nn.functional.linear(x.float(), self.dequantized_weight())
+        return float32_product(x.float(), self.dequantized_weight())
 
     def _torch_product(self, x: torch.Tensor) -> torch.Tensor:
         xb = x.to(torch.bfloat16)
