@@ -197,26 +197,22 @@ class Linear(nn.Linear):
         return self._unpacked(x)
 
     def _unpacked(self, x: torch.Tensor) -> torch.Tensor:
-        rows, weight = x.shape[0], self.weight
+        weight = self.weight
         if weight.dtype != torch.float32:
             if compute_dtype(weight.dtype) != torch.float32:
                 return F.linear(x, weight, self.bias)
             if self.weight_f32 is None or self.weight_f32.shape != weight.shape:
                 self.weight_f32 = weight.detach().float()
             weight = self.weight_f32
-        if rows > WEIGHT_MAJOR_MAX_ROWS:
-            out = F.linear(x.to(weight.dtype), weight, None).to(x.dtype)
-            return out + self.bias if self.bias is not None else out
-        cols = (x if rows > 1 else x.repeat(2, 1)).to(weight.dtype)  # one column takes the slow GEMV path
-        out = torch.mm(weight, cols.t()).t()[:rows].to(x.dtype)
+        out = weight_major_product(x.to(weight.dtype), weight).to(x.dtype)
         return out + self.bias if self.bias is not None else out
 
 
 def weight_major_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` of an unpacked weight (``Int4Linear``'s written for the call), contiguous:
-    ``weight @ x.T`` up to ``WEIGHT_MAJOR_MAX_ROWS`` rows, ``F.linear`` beyond. bfloat16, 2-core
-    Zen 4, 64 rows: 108 vs 180 us (960 x 576), 291 vs 397 (3072 x 576), 150 vs 223 (576 x 1536);
-    level from 256 rows up."""
+    """``x @ weight.T`` of an unpacked weight (``Linear`` without oneDNN, ``Int4Linear``'s written for
+    the call), contiguous: ``weight @ x.T`` up to ``WEIGHT_MAJOR_MAX_ROWS`` rows, ``F.linear`` beyond.
+    bfloat16, 2-core Zen 4, 64 rows: 108 vs 180 us (960 x 576), 291 vs 397 (3072 x 576), 150 vs 223
+    (576 x 1536); level from 256 rows up."""
     rows = x.shape[0]
     if rows > WEIGHT_MAJOR_MAX_ROWS:
         return F.linear(x, weight)

@@ -106,8 +106,9 @@ int int4_pack(const uint8_t *u, int64_t out, int64_t in, uint8_t *packed) {
     return 0;
 }
 
-/* w [out, in]: the weight every product here multiplies by (for products of many rows), float32,
- * or (DEQUANT_BF16) rounded to bfloat16 as torch rounds it, written once instead of float32 then cast. */
+/* w [out, in]: the weight every product here multiplies by (for products of many rows), float32
+ * (int4_dequant), or rounded to bfloat16 as torch rounds it (int4_dequant_bf16), written once
+ * instead of float32 then cast. */
 #define DEQUANT(NAME, T, PUT)                                                                         \
     int NAME(const uint8_t *packed, const float *sz, T *w, int64_t out, int64_t in, int64_t threads) { \
         if (in % 64) return 1;                                                                        \

@@ -109,9 +109,9 @@ class Int4Linear(nn.Module):
     With the C kernel (``engine/quant/int4_kernel.py``: AVX-512 or AVX2 with FMA, and a compiler)
     the weight is ``dequantized_weight()`` exactly, built in float32 registers: up to
     ``C_MAX_ROWS`` rows (``C_MAX_ROWS_16BIT`` for 16-bit rows) the kernel multiplies it into float32
-    sums (a bfloat16 result rounded once); beyond, the C kernel writes it out in float32 for the call
-    and MKL (oneDNN on AMD) multiplies float32 rows, or, where the engine's bfloat16 products are the fast ones,
-    bfloat16 rows by that weight rounded to bfloat16 (the dequantised bfloat16 model's product).
+    sums (a bfloat16 result rounded once); beyond, the C kernel writes it out for the call: in float32,
+    multiplied into float32 rows by MKL (by oneDNN on AMD), or, where the engine's bfloat16 products
+    are the fast ones, in bfloat16 for bfloat16 rows (the dequantised bfloat16 model's product).
     So a float32 model keeps its activations, and a GGUF model's weights are its dequantised ones.
 
     Without it, the weight stays in torch's CPU int4 layout with bfloat16 scales and zeros: up to
