@@ -197,34 +197,27 @@ class Linear(nn.Linear):
         return self._unpacked(x)
 
     def _unpacked(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight
+        rows, weight = x.shape[0], self.weight
         if weight.dtype != torch.float32:
             if compute_dtype(weight.dtype) != torch.float32:
                 return F.linear(x, weight, self.bias)
             if self.weight_f32 is None or self.weight_f32.shape != weight.shape:
                 self.weight_f32 = weight.detach().float()
             weight = self.weight_f32
-        out = weight_major_product(x.to(weight.dtype), weight).to(x.dtype)
+        if rows > WEIGHT_MAJOR_MAX_ROWS:
+            out = F.linear(x.to(weight.dtype), weight, None).to(x.dtype)
+            return out + self.bias if self.bias is not None else out
+        cols = (x if rows > 1 else x.repeat(2, 1)).to(weight.dtype)  # one column takes the slow GEMV path
+        out = torch.mm(weight, cols.t()).t()[:rows].to(x.dtype)
         return out + self.bias if self.bias is not None else out
-
-
-def weight_major_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` of an unpacked weight (``Linear`` without oneDNN, ``Int4Linear``'s written for
-    the call), contiguous: ``weight @ x.T`` up to ``WEIGHT_MAJOR_MAX_ROWS`` rows, ``F.linear`` beyond.
-    bfloat16, 2-core Zen 4, 64 rows: 108 vs 180 us (960 x 576), 291 vs 397 (3072 x 576), 150 vs 223
-    (576 x 1536); level from 256 rows up."""
-    rows = x.shape[0]
-    if rows > WEIGHT_MAJOR_MAX_ROWS:
-        return F.linear(x, weight)
-    cols = x if rows > 1 else x.repeat(2, 1)  # one column takes the slow GEMV path
-    return torch.mm(weight, cols.t()).t()[:rows].contiguous()
 
 
 def float32_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` in float32 of a weight written for the call (``Int4Linear`` beyond its
     kernel's rows). On AMD through oneDNN, the weight reordered for the call: MKL's F.linear ran at
-    less than half its speed there (2-core Zen 4, 2,048 rows: 33.9 vs 15.1 ms for 3072 x 576, 16.4 vs
-    7.8 for 576 x 1536; the reorder itself 0.34 and 0.25 ms). Elsewhere MKL's F.linear."""
+    about half its speed there, the reorder included (2-core Zen 5, 64 / 256 / 2,048 rows: 3072 x 576
+    1,096 / 2,410 / 15,318 us against 1,290 / 4,484 / 33,872; 576 x 1536 506 / 1,230 / 8,286 against
+    592 / 2,118 / 16,620; bench/published/product-paths-20261208-030034.json). Elsewhere MKL's F.linear."""
     if cpu_vendor() == "AuthenticAMD" and can_pack():
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, batch_size=PACK_ROWS_HINT)
         return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from engine.cpu_info import cpu_flags
-from engine.models.linear import float32_product, weight_major_product
+from engine.models.linear import float32_product
 from engine.quant import int8_kernel
 from engine.quant.checkpoint import QuantWeight
 from engine.quant.int4_kernel import int4_kernel
@@ -111,7 +111,8 @@ class Int4Linear(nn.Module):
     ``C_MAX_ROWS`` rows (``C_MAX_ROWS_16BIT`` for 16-bit rows) the kernel multiplies it into float32
     sums (a bfloat16 result rounded once); beyond, the C kernel writes it out for the call: in float32,
     multiplied into float32 rows by MKL (by oneDNN on AMD), or, where the engine's bfloat16 products
-    are the fast ones, in bfloat16 for bfloat16 rows (the dequantised bfloat16 model's product).
+    are the fast ones, in bfloat16 for bfloat16 rows (the dequantised bfloat16 model's weight, multiplied
+    unpacked by F.linear, so in another summation order than that model's packed product).
     So a float32 model keeps its activations, and a GGUF model's weights are its dequantised ones.
 
     Without it, the weight stays in torch's CPU int4 layout with bfloat16 scales and zeros: up to
@@ -164,7 +165,7 @@ class Int4Linear(nn.Module):
             xk = x if native and x.stride(-1) == 1 else x.float()  # the bias is added before rounding
             return self.kernel.product(xk, self.packed, self.scales_and_zeros, self.out_features)
         if sixteen and x.dtype == torch.bfloat16 and fast_bf16_products():  # the dequantised model's product
-            return weight_major_product(x, self.kernel.dequantize(self.packed, self.scales_and_zeros, torch.bfloat16))
+            return torch.nn.functional.linear(x, self.kernel.dequantize(self.packed, self.scales_and_zeros, torch.bfloat16))
         return float32_product(x.float(), self.dequantized_weight())
 
     def _torch_product(self, x: torch.Tensor) -> torch.Tensor:
