@@ -61,7 +61,7 @@ def isa(lib: ctypes.CDLL) -> str:
 
 # With VNNI, up to this many rows a product takes the kernel, beyond torch._int_mm (oneDNN's blocked
 # GEMM) with the C quantize and scaling. Per pass of SmolLM2-135M's four shapes on a quiet 2-core
-# AMD EPYC Zen 4 (avx512_vnni, 2 threads; bench/probe_int8_route.py,
+# AMD EPYC Zen 5 (avx512_vnni, 2 threads; bench/probe_int8_route.py,
 # bench/published/probe-int8-route-20261208-014317.json) the kernel took 47-260 us at 1-32 rows
 # against 69-275 for _int_mm (32 rows: 260 vs 275); _int_mm won from 64 (432 vs 493). An earlier
 # probe on a loaded Xeon, before the vector bfloat16 store, put the crossing at 16-32. Without

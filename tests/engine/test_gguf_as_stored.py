@@ -116,7 +116,7 @@ def test_group_int8_product_is_the_dequantised_product(gguf_tensors, qtype):
 # (one rounds each weight, the other each group's scale and zero): greedy tokens agree on these
 # prompts except where the dequantised model's top-2 logprobs sit within bfloat16 noise, where
 # either token may come (the near-tie contract of test_engine_bf16_matches_hf.py, which runs the
-# as-stored path against HF). On a 2-core Zen 4 the third prompt turns at token 7, a near-tie.
+# as-stored path against HF). On a 2-core Zen 5 the third prompt turns at token 7, a near-tie.
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small robot"]
 NEAR_TIE = 0.5  # test_engine_bf16_matches_hf.py's
 

@@ -91,18 +91,21 @@ def test_product_is_the_exact_sums_scaled_as_torch_scales_them(lib, dtype, bias,
 
 def test_bfloat16_outputs_round_as_torch_at_ties_and_special_values(lib) -> None:
     """The vector bfloat16 store (bf16_store.h): ties to even, values that round up into the next
-    power of two or to infinity, signed zeros, infinities and a subnormal bit for bit as torch's
-    cast; NaN stays NaN (torch's own ops here give another NaN payload than the C product)."""
+    power of two or to infinity (FLT_MAX), the largest value that stays finite, signed zeros,
+    infinities and a subnormal bit for bit as torch's cast; NaN kept quiet with its payload's top
+    bits, as bf16.h's f32_to_bf16 (without that branch 0x7fffffff would round to -0.0)."""
     one_ulp = 2.0 ** -8  # half a bfloat16 step at 1: 1 + one_ulp is a tie
-    values = [1 + one_ulp, 1 + 3 * one_ulp, -(1 + one_ulp), 2 - one_ulp, 1 + one_ulp / 2, 3.3895e38,
-              -3.3895e38, 0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-40, -7.0, 65504.0, 1.0]
+    flt_max = torch.finfo(torch.float32).max
+    values = [1 + one_ulp, 1 + 3 * one_ulp, -(1 + one_ulp), 2 - one_ulp, 1 + one_ulp / 2, 3.3895e38, flt_max,
+              -flt_max, 0.0, -0.0, float("inf"), float("-inf"), 1e-40, -7.0, 65504.0, 0.0]
     w_scale = torch.tensor(values, dtype=torch.float32)  # sums 1, x_scale 1: the output is w_scale itself
+    w_scale.view(torch.int32)[-1] = 0x7FFFFFFF  # a NaN whose payload reaches the rounding carry
     sums = torch.ones(3, 16, dtype=torch.int32)
-    got = int8_kernel.scale(lib, sums, torch.ones(3, 1), w_scale, None, torch.bfloat16)
-    ref = (sums.float() * torch.ones(3, 1) * w_scale).to(torch.bfloat16)
-    nan = torch.isnan(w_scale).expand(3, 16)
-    assert torch.isnan(got[nan]).all()
-    assert torch.equal(got.view(torch.int16)[~nan], ref.view(torch.int16)[~nan])
+    got = int8_kernel.scale(lib, sums, torch.ones(3, 1), w_scale, None, torch.bfloat16).view(torch.int16)
+    ref = (sums[:, :-1].float() * torch.ones(3, 1) * w_scale[:-1]).to(torch.bfloat16).view(torch.int16)
+    assert torch.equal(got[:, :-1], ref)
+    assert got[:, -1].tolist() == [0x7FFF] * 3  # f32_to_bf16(0x7fffffff): (u >> 16) | 0x40
+    assert ref[0, 6].item() == 0x7F80 and ref[0, 5].item() == 0x7F7F  # FLT_MAX overflows, 3.3895e38 does not
 
 
 def test_the_kernel_refuses_shapes_it_cannot_do() -> None:

@@ -21,7 +21,7 @@ from service.live_engine import LiveEngine, engine_settings
 
 LONG = SamplingParams(max_tokens=300, temperature=0.0, ignore_eos=True)
 # Each job row's tokens: enough steps that the job is still running while the tests' live calls
-# come and go (at 40, on a 2-core Zen 4, the job finished before a live call was answered).
+# come and go (at 40, on a 2-core Zen 5, the job finished before a live call was answered).
 JOB_TOKENS = 160
 
 
