@@ -123,8 +123,8 @@ def matmul_ceiling(rows: int = 256) -> dict[str, float]:
     """GFLOP/s (GOP/s for int8) of one [rows x 576] x [576 x 1536] product, median of 9: torch's
     plain products (``torch.mm``, ``torch._int_mm``), and the engine's own (``*_engine``: the
     oneDNN-packed ``Linear`` and ``Int8Linear`` with its quantize and scaling), which is what a
-    variant's products run at. On a Zen 4 the plain bfloat16 ``torch.mm`` ran at 414 and the packed
-    product at about 930, so the plain figure understates what bfloat16 reaches."""
+    variant's products run at. The plain bfloat16 ``torch.mm`` ran at 414 in one run on a Zen 4
+    (quantization-20261128-141451.json); on a Zen 5 the packed product ran at 854-1,020."""
     k, n = 576, 1536
     packed = Linear(k, n, bias=False).to(torch.bfloat16)
     packed.pack()
