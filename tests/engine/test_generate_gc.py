@@ -74,7 +74,10 @@ def test_a_worker_frozen_heap_stays_frozen(llm) -> None:
     try:
         frozen = gc.get_freeze_count()
         llm.generate([[5, 6, 7]], PARAMS)
-        assert gc.get_freeze_count() >= frozen > 10_000
+        # A thaw (gc.unfreeze) empties the permanent generation at once. Objects frozen and then freed
+        # by reference counting (a temporary alive at the freeze) leave it one by one: a clean-clone
+        # run on a Zen 5 saw 1,031,943 -> 1,031,941. So a few may go, not the heap.
+        assert frozen > 10_000 and frozen - gc.get_freeze_count() < 100
     finally:
         release_frozen_objects()
     assert gc.get_freeze_count() == 0
