@@ -76,6 +76,7 @@ typedef __m256 VF;
 #endif
 
 #ifdef LANES
+#include "bf16_store.h"
 #include "bf16.h"
 
 static inline float half_to_f32(uint16_t h) { return _cvtsh_ss(h); }
@@ -111,9 +112,7 @@ static inline float half_to_f32(uint16_t h) { return _cvtsh_ss(h); }
         for (int r = 0; r < ROWS; ++r) {                                                      \
             const VF s = HSUM(part[r]);                                                       \
             if (BF16_IN) {                                                                    \
-                float tmp[LANES];                                                             \
-                F_STORE(tmp, s);                                                              \
-                for (int l = 0; l < LANES; ++l) yb[r * ys + tile * LANES + l] = f32_to_bf16(tmp[l]); \
+                store_bf16(yb + r * ys + tile * LANES, s);                                    \
             } else {                                                                          \
                 F_STORE(yf + r * ys + tile * LANES, s);                                       \
             }                                                                                 \
@@ -148,11 +147,7 @@ static inline float half_to_f32(uint16_t h) { return _cvtsh_ss(h); }
                 }                                                                             \
             for (int r = 0; r < ROWS; ++r) part[r][o] = F_ADD(acc[r][0], acc[r][1]);          \
         }                                                                                     \
-        for (int r = 0; r < ROWS; ++r) {                                                      \
-            float tmp[LANES];                                                                 \
-            F_STORE(tmp, HSUM(part[r]));                                                      \
-            for (int l = 0; l < LANES; ++l) yb[r * ys + tile * LANES + l] = f32_to_bf16(tmp[l]); \
-        }                                                                                     \
+        for (int r = 0; r < ROWS; ++r) store_bf16(yb + r * ys + tile * LANES, HSUM(part[r])); \
     } while (0)
 #else
 #define BF16_DP 0

@@ -185,12 +185,11 @@ static void product(const float *x, int64_t xs, const uint8_t *packed, const flo
             case 7: TILE(7, 1, PAIR); break;
             default: TILE(8, 1, PAIR); break;
             }
-            for (int64_t r = 0; r < n; ++r)
-                for (int o = 0; o < OUT_TILE; ++o) {
-                    const int64_t at = (r0 + r) * ys + tile * OUT_TILE + o;
-                    if (y16) y16[at] = f32_to_bf16(yt[r * OUT_TILE + o]);
-                    else y[at] = yt[r * OUT_TILE + o];
-                }
+            for (int64_t r = 0; r < n; ++r) {
+                const int64_t at = (r0 + r) * ys + tile * OUT_TILE; /* OUT_TILE == LANES: one vector */
+                if (y16) store_bf16(y16 + at, LOADX(yt + r * OUT_TILE));
+                else STORE(y + at, LOADX(yt + r * OUT_TILE));
+            }
         }
     }
 }

@@ -13,7 +13,8 @@ import torch
 from engine import native
 
 SOURCE = Path(native.__file__).with_name("group_int8_rows.c")
-INCLUDES = (native.BF16_HEADER, native.AVX512_MATH_HEADER, native.AVX2_MATH_HEADER, native.FAST_EXP_HEADER)
+INCLUDES = (native.BF16_HEADER, SOURCE.with_name("bf16_store.h"), native.AVX512_MATH_HEADER, native.AVX2_MATH_HEADER,
+            native.FAST_EXP_HEADER)
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 MAX_ROWS = 8
 GROUP = 32
